@@ -1,0 +1,121 @@
+"""``DistributedContext``: who am I (rank, world size, device) and the process groups.
+
+Reads torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``/``MASTER_PORT``). Started without torchrun it is a world of one
+and initialises no process group, so every example also runs as plain ``python``.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+class DistributedContext:
+    """The calling process's place in the distributed job.
+
+    Attributes:
+        rank: global rank in ``[0, world_size)``.
+        world_size: number of processes.
+        local_rank: rank on this machine (selects the GPU).
+        device: ``cuda:<local_rank>`` when GPUs are used, else ``cpu``.
+        backend: ``'gloo'`` or ``'nccl'`` (``None`` in a world of one).
+        timeout: collective timeout; a rank that dies makes the others fail
+            after at most this long instead of waiting forever.
+    """
+
+    def __init__(self, rank: int, world_size: int, local_rank: int,
+                 device: torch.device, backend: Optional[str],
+                 timeout: datetime.timedelta) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.device = device
+        self.backend = backend
+        self.timeout = timeout
+
+    # ------------------------------------------------------------------ setup
+    @classmethod
+    def init(cls, backend: Optional[str] = None, use_gpu: Optional[bool] = None,
+             timeout: float = 600.0) -> "DistributedContext":
+        """Initialise (or join) the process group described by torchrun's environment.
+
+        Args:
+            backend: ``'gloo'`` or ``'nccl'``; default NCCL when GPUs are used, else gloo.
+            use_gpu: use ``cuda:<local_rank>``; default: when CUDA is available.
+            timeout: seconds a collective may wait for a peer before it fails.
+        """
+        if use_gpu is None:
+            use_gpu = torch.cuda.is_available()
+        if use_gpu and not torch.cuda.is_available():
+            raise ValueError("use_gpu=True but CUDA is not available on this machine")
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if backend is None:
+            backend = "nccl" if use_gpu else "gloo"
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        if backend == "nccl" and not use_gpu:
+            raise ValueError("backend='nccl' needs use_gpu=True (NCCL runs on GPUs only)")
+        device = torch.device(f"cuda:{local_rank}" if use_gpu else "cpu")
+        if use_gpu:
+            torch.cuda.set_device(device)
+        td = datetime.timedelta(seconds=timeout)
+        if world_size > 1 and not dist.is_initialized():
+            dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=td)
+        elif dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        ctx = cls(rank, world_size, local_rank, device,
+                  backend if world_size > 1 or dist.is_initialized() else None, td)
+        log.info("rank %d/%d on %s (backend %s)", rank, world_size, device, ctx.backend)
+        return ctx
+
+    # ---------------------------------------------------------------- groups
+    def get_default_group(self) -> Optional[dist.ProcessGroup]:
+        """The world process group (``None`` in a world of one)."""
+        return dist.group.WORLD if dist.is_initialized() else None
+
+    def new_group(self) -> Optional[dist.ProcessGroup]:
+        """A new process group over all ranks (collective: every rank must call it).
+
+        The data loader's background sampling uses one, so its collectives never
+        interleave with the training loop's. ``None`` in a world of one.
+        """
+        if not dist.is_initialized():
+            return None
+        return dist.new_group(backend=dist.get_backend(), timeout=self.timeout)
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0."""
+        return self.rank == 0
+
+    # ---------------------------------------------------------------- output
+    def sync_print(self, *args, **kwargs) -> None:
+        """Print from every rank in rank order (collective: every rank must call it)."""
+        for r in range(self.world_size):
+            if r == self.rank:
+                print(f"[rank {self.rank}]", *args, **kwargs, flush=True)
+                sys.stdout.flush()
+            self.barrier()
+
+    def shutdown(self) -> None:
+        """Leave the process group cleanly."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __repr__(self) -> str:
+        return (f"DistributedContext(rank={self.rank}, world_size={self.world_size}, "
+                f"device={self.device}, backend={self.backend})")

@@ -1,0 +1,187 @@
+"""``TemporalGraph``: a continuous-time dynamic graph (a time-ordered stream of events).
+
+Shapes:
+    E: number of events, N: number of nodes, F_e / F_n: edge / node feature sizes.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field, fields
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+OptTensor = Optional[Tensor]
+
+
+@dataclass
+class TemporalGraph:
+    """A stream of timestamped interaction events ``(src, dst, t)``, sorted by time.
+
+    Args:
+        src: source node of each event, global ids in ``[0, num_nodes)``, shape ``[E]``, int64.
+        dst: destination node of each event, shape ``[E]``, int64.
+        t: event time, shape ``[E]``, float64 (kept in double so unix seconds stay exact).
+        num_nodes: N. Defaults to ``max(src, dst) + 1``.
+        eid: event id, shape ``[E]``, int64 (default ``arange(E)``); indexes ``edge_attr``.
+        edge_attr: optional event features, shape ``[E, F_e]``, float32.
+        node_feat: optional node features, shape ``[N, F_n]``, float32.
+        labels: optional per-event labels (e.g. JODIE state labels), shape ``[E]``.
+        node_map: original id of each node, shape ``[N]`` (the remapping the loader applied).
+        name: dataset name, used for partition folders.
+
+    Split masks (computed by :meth:`split`, chronological as in TGN / DyGLib / TGB):
+        ``train_mask``, ``val_mask``, ``test_mask`` (``t <= Q(0.70)``, ``<= Q(0.85)``, rest);
+        ``inductive_train_mask`` (training events not touching a held-out new node),
+        ``new_node_val_mask`` and ``new_node_test_mask`` (events with an endpoint unseen
+        in ``inductive_train_mask``), as DyGLib defines them.
+    """
+
+    src: Tensor
+    dst: Tensor
+    t: Tensor
+    num_nodes: int = -1
+    eid: OptTensor = None
+    edge_attr: OptTensor = None
+    node_feat: OptTensor = None
+    labels: OptTensor = None
+    node_map: OptTensor = None
+    name: str = "graph"
+    masks: Dict[str, Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.src = torch.as_tensor(self.src, dtype=torch.long)
+        self.dst = torch.as_tensor(self.dst, dtype=torch.long)
+        self.t = torch.as_tensor(self.t, dtype=torch.float64)
+        E = self.src.numel()
+        if self.dst.numel() != E or self.t.numel() != E:
+            raise ValueError(f"src, dst and t must have the same length, got "
+                             f"{E}, {self.dst.numel()}, {self.t.numel()}")
+        if self.eid is None:
+            self.eid = torch.arange(E, dtype=torch.long)
+        if self.num_nodes < 0:
+            self.num_nodes = int(max(int(self.src.max()), int(self.dst.max())) + 1) if E else 0
+        if self.edge_attr is not None:
+            self.edge_attr = torch.as_tensor(self.edge_attr, dtype=torch.float32)
+            if self.edge_attr.dim() == 1:
+                self.edge_attr = self.edge_attr.view(-1, 1)
+            if self.edge_attr.size(0) != E:
+                raise ValueError(f"edge_attr has {self.edge_attr.size(0)} rows, expected {E} (one per event)")
+        if self.node_feat is not None:
+            self.node_feat = torch.as_tensor(self.node_feat, dtype=torch.float32)
+            if self.node_feat.size(0) != self.num_nodes:
+                raise ValueError(f"node_feat has {self.node_feat.size(0)} rows, expected {self.num_nodes}")
+        if E and (int(self.src.min()) < 0 or int(self.dst.min()) < 0
+                  or int(max(int(self.src.max()), int(self.dst.max()))) >= self.num_nodes):
+            raise ValueError(f"node ids must lie in [0, {self.num_nodes})")
+        if E > 1 and bool((self.t[1:] < self.t[:-1]).any()):
+            raise ValueError("events must be sorted by time; use TemporalGraph.sorted()")
+        if not self.masks:
+            self.split()
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def num_events(self) -> int:
+        """E, the number of events."""
+        return int(self.src.numel())
+
+    @property
+    def train_mask(self) -> Tensor:
+        return self.masks["train"]
+
+    @property
+    def val_mask(self) -> Tensor:
+        return self.masks["val"]
+
+    @property
+    def test_mask(self) -> Tensor:
+        return self.masks["test"]
+
+    def __repr__(self) -> str:
+        ef = 0 if self.edge_attr is None else self.edge_attr.size(1)
+        nf = 0 if self.node_feat is None else self.node_feat.size(1)
+        return (f"TemporalGraph(name={self.name!r}, num_nodes={self.num_nodes}, "
+                f"num_events={self.num_events}, edge_feat_dim={ef}, node_feat_dim={nf})")
+
+    @staticmethod
+    def sorted(src, dst, t, **kwargs) -> "TemporalGraph":
+        """Build a graph from unsorted events, sorting them stably by time.
+
+        ``edge_attr`` and ``labels`` rows follow their events; ``eid`` is renumbered
+        to the sorted order.
+        """
+        t = torch.as_tensor(t, dtype=torch.float64)
+        order = torch.sort(t, stable=True).indices
+        src = torch.as_tensor(src, dtype=torch.long)[order]
+        dst = torch.as_tensor(dst, dtype=torch.long)[order]
+        for key in ("edge_attr", "labels"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = torch.as_tensor(kwargs[key])[order]
+        return TemporalGraph(src, dst, t[order], **kwargs)
+
+    # ------------------------------------------------------------------ splits
+    def split(self, val_ratio: float = 0.15, test_ratio: float = 0.15,
+              new_node_ratio: float = 0.1, seed: int = 2020) -> None:
+        """Compute the chronological and inductive split masks (stored in ``self.masks``).
+
+        Train holds events with ``t <= Q(1 - val - test)``, validation those with
+        ``t <= Q(1 - test)``, test the rest (Q = quantile of event times). Inductive
+        masks follow DyGLib: ``new_node_ratio * N`` nodes are drawn (``random.seed(seed)``)
+        among nodes active after the validation time; their training events are left
+        out of ``inductive_train_mask``; ``new_node_{val,test}_mask`` keep the
+        evaluation events with an endpoint not seen in the inductive training set.
+        """
+        E = self.num_events
+        if E == 0:
+            z = torch.zeros(0, dtype=torch.bool)
+            self.masks = {k: z for k in ("train", "val", "test", "inductive_train",
+                                         "new_node_val", "new_node_test")}
+            return
+        q = torch.quantile(self.t, torch.tensor([1 - val_ratio - test_ratio, 1 - test_ratio],
+                                                  dtype=torch.float64))
+        val_time, test_time = float(q[0]), float(q[1])
+        train = self.t <= val_time
+        val = (self.t > val_time) & (self.t <= test_time)
+        test = self.t > test_time
+        after_val = torch.cat([self.src[self.t > val_time], self.dst[self.t > val_time]]).unique()
+        rng = random.Random(seed)
+        k = min(int(new_node_ratio * self.num_nodes), after_val.numel())
+        picked = sorted(rng.sample(after_val.tolist(), k)) if k > 0 else []
+        new_nodes = torch.zeros(self.num_nodes, dtype=torch.bool)
+        new_nodes[torch.tensor(picked, dtype=torch.long)] = True
+        ind_train = train & ~new_nodes[self.src] & ~new_nodes[self.dst]
+        seen = torch.zeros(self.num_nodes, dtype=torch.bool)
+        seen[self.src[ind_train]] = True
+        seen[self.dst[ind_train]] = True
+        unseen_endpoint = ~seen[self.src] | ~seen[self.dst]
+        self.masks = {
+            "train": train, "val": val, "test": test, "inductive_train": ind_train,
+            "new_node_val": val & unseen_endpoint, "new_node_test": test & unseen_endpoint,
+        }
+
+    # ------------------------------------------------------------- identity
+    def fingerprint(self) -> str:
+        """A short hash of the event stream (ids, times, sizes): partitions record it."""
+        h = hashlib.sha256()
+        for x in (self.src, self.dst, self.t):
+            h.update(x.contiguous().numpy().tobytes())
+        h.update(f"{self.num_nodes}".encode())
+        for x in (self.edge_attr, self.node_feat):
+            h.update(b"-" if x is None else str(tuple(x.shape)).encode())
+        return h.hexdigest()[:16]
+
+    def subgraph_events(self, mask: Tensor) -> "TemporalGraph":
+        """The events selected by ``mask`` (shape ``[E]``, bool).
+
+        Node ids, node features and the ``edge_attr`` table stay whole: selected
+        events keep their ``eid``, which still indexes ``edge_attr``.
+        """
+        g = TemporalGraph.__new__(TemporalGraph)
+        for f in fields(self):
+            setattr(g, f.name, getattr(self, f.name))
+        g.src, g.dst, g.t, g.eid = self.src[mask], self.dst[mask], self.t[mask], self.eid[mask]
+        g.labels = None if self.labels is None else self.labels[mask]
+        g.masks = {k: v[mask] for k, v in self.masks.items()}
+        return g

@@ -1,0 +1,134 @@
+"""On-disk conventions shared by every partition (CTDG and DTDG): atomic folders and manifests.
+
+A partition folder is written into a temporary sibling ``.<name>.tmp-<pid>`` and
+renamed into place only when every file and the ``manifest.json`` are written and
+fsynced, so a crash never leaves a loadable half-partition. ``manifest.json``
+records the format version and a SHA-256 checksum of every file; loading checks both.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterator
+
+import torch
+
+from tgl_dist.errors import PartitionError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_tensors(path: Path, obj) -> None:
+    """``torch.save`` followed by fsync (the folder is renamed into place later)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextmanager
+def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces ``out`` atomically.
+
+    Raises:
+        FileExistsError: ``out`` exists and ``force`` is False.
+    """
+    out = Path(out)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} already exists; pass force=True (--force) to overwrite it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        fsync_dir(tmp)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_manifest(folder: Path, meta: Dict) -> Dict:
+    """Checksum every file under ``folder`` and write ``manifest.json`` (fsynced)."""
+    folder = Path(folder)
+    files = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            files[str(p.relative_to(folder))] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    manifest = {"format_version": FORMAT_VERSION, **meta, "files": files}
+    with open(folder / MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    return manifest
+
+
+def read_manifest(folder: Path) -> Dict:
+    """Read and validate ``manifest.json`` (format version and required keys)."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise PartitionError(f"{path} not found: {folder} is not a tgl_dist partition "
+                             f"(write one with `python -m tgl_dist.partition`)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PartitionError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
+    for key in ("format_version", "files", "num_parts"):
+        if key not in manifest:
+            raise PartitionError(f"{path}: missing key '{key}'")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise PartitionError(f"{path}: format_version {manifest['format_version']} is not "
+                             f"supported (this tgl_dist reads version {FORMAT_VERSION}); "
+                             f"re-run the partitioner")
+    return manifest
+
+
+def verify_files(folder: Path, manifest: Dict, prefix: str = "") -> None:
+    """Check size and checksum of the manifest's files under ``prefix`` (e.g. ``'part_1/'``)."""
+    folder = Path(folder)
+    for rel, info in manifest["files"].items():
+        if not rel.startswith(prefix):
+            continue
+        p = folder / rel
+        if not p.is_file():
+            raise PartitionError(f"{p}: listed in the manifest but missing")
+        if p.stat().st_size != info["bytes"]:
+            raise PartitionError(f"{p}: size {p.stat().st_size} bytes, manifest says "
+                                 f"{info['bytes']} (truncated or replaced file)")
+        if sha256_file(p) != info["sha256"]:
+            raise PartitionError(f"{p}: checksum mismatch (corrupt file); re-run the partitioner")
