@@ -1,0 +1,117 @@
+"""AP, AUC and MRR computed over a whole evaluation split, never averaged per batch.
+
+``LinkPredMetrics`` accumulates scores batch by batch on each rank; ``compute()``
+gathers every rank's scores (a collective) and evaluates once over the full set.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from sklearn.metrics import average_precision_score, roc_auc_score
+from torch import Tensor
+
+from tgl_dist.dist.exchange import all_gather_v
+
+
+def average_precision(pos: Tensor, neg: Tensor) -> float:
+    """AP of positives ``[P]`` against negatives ``[Q]`` (scores or logits)."""
+    y = np.concatenate([np.ones(pos.numel()), np.zeros(neg.numel())])
+    s = torch.cat([pos.reshape(-1), neg.reshape(-1)]).double().cpu().numpy()
+    return float(average_precision_score(y, s))
+
+
+def roc_auc(pos: Tensor, neg: Tensor) -> float:
+    """ROC AUC of positives against negatives."""
+    y = np.concatenate([np.ones(pos.numel()), np.zeros(neg.numel())])
+    s = torch.cat([pos.reshape(-1), neg.reshape(-1)]).double().cpu().numpy()
+    return float(roc_auc_score(y, s))
+
+
+def mrr(pos: Tensor, neg: Tensor) -> float:
+    """Mean reciprocal rank of each positive among its own k negatives (TGB's tie rule).
+
+    Args:
+        pos: ``[P]`` scores; neg: ``[P, k]`` scores of the negatives of each positive.
+    rank = 1 + #(neg > pos) + 0.5 * #(neg == pos).
+    """
+    if pos.numel() == 0:
+        return float("nan")
+    pos = pos.reshape(-1, 1).double()
+    neg = neg.reshape(pos.size(0), -1).double()
+    rank = 1 + (neg > pos).sum(1).double() + 0.5 * (neg == pos).sum(1).double()
+    return float((1.0 / rank).mean())
+
+
+class LinkPredMetrics:
+    """Accumulate link-prediction scores over a split, then evaluate the whole split once.
+
+    ``update(pos, neg)`` with ``pos [B]`` and ``neg [B]`` (one negative per positive,
+    for AP/AUC); optionally ``neg_k [B, k]`` for MRR. ``compute(group)`` is a
+    collective: every rank must call it, even with no scores.
+    """
+
+    def __init__(self) -> None:
+        self.pos: List[Tensor] = []
+        self.neg: List[Tensor] = []
+        self.neg_k: List[Tensor] = []
+
+    def update(self, pos: Tensor, neg: Tensor, neg_k: Optional[Tensor] = None) -> None:
+        self.pos.append(pos.detach().reshape(-1).float().cpu())
+        self.neg.append(neg.detach().reshape(-1).float().cpu())
+        if neg_k is not None:
+            self.neg_k.append(neg_k.detach().reshape(pos.numel(), -1).float().cpu())
+
+    def compute(self, group=None) -> Dict[str, float]:
+        pos = torch.cat(self.pos) if self.pos else torch.zeros(0)
+        neg = torch.cat(self.neg) if self.neg else torch.zeros(0)
+        pos, neg = all_gather_v(pos, group), all_gather_v(neg, group)
+        out = {"ap": float("nan"), "auc": float("nan"), "num": int(pos.numel())}
+        if pos.numel() and neg.numel():
+            out["ap"] = average_precision(pos, neg)
+            out["auc"] = roc_auc(pos, neg)
+        k = torch.tensor([self.neg_k[0].size(1) if self.neg_k else 0])
+        from tgl_dist.dist.exchange import all_reduce_
+        import torch.distributed as dist
+        all_reduce_(k, dist.ReduceOp.MAX if dist.is_initialized() else None, group)
+        if int(k) > 0:
+            pk = torch.cat(self.pos) if self.neg_k else torch.zeros(0)
+            nk = torch.cat(self.neg_k) if self.neg_k else torch.zeros(0, int(k))
+            pk, nk = all_gather_v(pk, group), all_gather_v(nk, group)
+            out["mrr"] = mrr(pk, nk)
+        return out
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+class EarlyStopMonitor:
+    """Stop when the monitored metric (higher is better unless ``higher_better=False``)
+    has not improved by more than ``tolerance`` for ``patience`` rounds."""
+
+    def __init__(self, patience: int = 5, higher_better: bool = True, tolerance: float = 1e-10):
+        self.patience = patience
+        self.higher_better = higher_better
+        self.tolerance = tolerance
+        self.best: Optional[float] = None
+        self.best_epoch = -1
+        self.rounds = 0
+        self.epoch = -1
+
+    def step(self, value: float) -> bool:
+        """Record one round; returns True when training should stop."""
+        self.epoch += 1
+        v = value if self.higher_better else -value
+        if self.best is None or v - self.best > self.tolerance:
+            self.best, self.best_epoch, self.rounds = v, self.epoch, 0
+        else:
+            self.rounds += 1
+        return self.rounds >= self.patience
+
+    def state_dict(self) -> dict:
+        return dict(best=self.best, best_epoch=self.best_epoch, rounds=self.rounds, epoch=self.epoch)
+
+    def load_state_dict(self, s: dict) -> None:
+        self.best, self.best_epoch, self.rounds, self.epoch = (s["best"], s["best_epoch"],
+                                                               s["rounds"], s["epoch"])
