@@ -70,14 +70,14 @@ def run_distributed(fn: Callable, world_size: int = 2, *args: Any, timeout: floa
             try:
                 rank, ok, out = queue.get(timeout=min(left, 1.0))
             except _q.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs) and queue.empty():
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    missing = [r for r in dead if r not in results]
-                    if missing:
-                        time.sleep(0.5)
-                        if queue.empty():
-                            raise RuntimeError(f"rank(s) {missing} exited with codes "
-                                               f"{[procs[r].exitcode for r in missing]}")
+                gone = [r for r, p in enumerate(procs)
+                        if p.exitcode is not None and r not in results]
+                if gone and queue.empty():
+                    time.sleep(0.5)
+                    if queue.empty():
+                        raise RuntimeError(
+                            f"rank(s) {gone} exited with codes "
+                            f"{[procs[r].exitcode for r in gone]} without returning a result")
                 continue
             if ok:
                 results[rank] = out
