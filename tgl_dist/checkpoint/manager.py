@@ -1,0 +1,223 @@
+"""``CheckpointManager``: versioned, crash-safe checkpoints for distributed runs.
+
+Layout (``P`` ranks, committed version 7, version 5 kept as a snapshot)::
+
+    ckpt/
+      VERSION                 # "7": the committed version, replaced atomically
+      v000005/                # every keep_every-th version is kept
+      v000007/
+        dense.pt              # model + optimizer state, written by rank 0
+        shard_0.pt ... shard_{P-1}.pt   # each rank's own shards (memory, mailbox, embeddings, RNG...)
+        manifest_0.json ... manifest_{P-1}.json   # per rank: its files' sha256 and sizes
+
+A save writes version v+1 in full on every rank (each file written to a
+temporary name, fsynced, renamed), then all ranks meet at a barrier, then rank 0
+writes ``VERSION`` (temporary file, fsync, rename, fsync of the folder): that one
+small write commits the version. Only then are older versions removed (except
+every ``keep_every``-th). A crash at any point before the commit leaves the
+previous version committed and loadable; the half-written folder is ignored and
+removed by the next save.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from tgl_dist.dist.exchange import barrier, broadcast_object, world
+from tgl_dist.errors import TGLDistError
+from tgl_dist.partition.storage import fsync_dir, sha256_file
+
+FORMAT_VERSION = 1
+_VDIR = re.compile(r"^v(\d{6})$")
+
+
+class CheckpointError(TGLDistError, ValueError):
+    """A checkpoint that cannot be loaded (missing, truncated, corrupt, or from another run shape)."""
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _save(path: Path, obj: Any) -> Dict[str, Any]:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    _atomic_write_bytes(path, buf.getvalue())
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def rng_state() -> Dict[str, Any]:
+    """The global random states (Python, NumPy, torch CPU and CUDA)."""
+    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: Dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+class CheckpointManager:
+    """Save and load versioned checkpoints of a distributed run.
+
+    Args:
+        path: checkpoint folder (shared by all ranks, e.g. a shared file system,
+            or the same local path on a single machine).
+        keep_every: keep every ``keep_every``-th version as a snapshot (0 = keep
+            only the latest).
+        run_meta: what must match on load: e.g. ``{"partition": fingerprint,
+            "config": cfg}``. World size is always checked.
+        group: process group (default: world).
+    """
+
+    def __init__(self, path, keep_every: int = 0, run_meta: Optional[Dict[str, Any]] = None,
+                 group=None) -> None:
+        self.path = Path(path)
+        self.keep_every = keep_every
+        self.run_meta = run_meta or {}
+        self.group = group
+        self.rank, self.world_size = world(group)
+        if self.rank == 0:
+            self.path.mkdir(parents=True, exist_ok=True)
+        barrier(group)
+
+    # ------------------------------------------------------------------ query
+    def committed_version(self) -> Optional[int]:
+        """The committed version number, or ``None`` when nothing was committed."""
+        f = self.path / "VERSION"
+        if not f.is_file():
+            return None
+        text = f.read_text().strip()
+        if not text.isdigit():
+            raise CheckpointError(f"{f}: expected a version number, found {text[:40]!r}")
+        return int(text)
+
+    def _vdir(self, v: int) -> Path:
+        return self.path / f"v{v:06d}"
+
+    # ------------------------------------------------------------------- save
+    def save(self, dense: Optional[Dict[str, Any]], shard: Dict[str, Any],
+             meta: Optional[Dict[str, Any]] = None) -> int:
+        """Write a new version and commit it (a collective: every rank calls it).
+
+        Args:
+            dense: replicated state (model, optimizer, ...), written by rank 0 only
+                (other ranks may pass ``None``).
+            shard: this rank's own state (memory shard, embedding rows, RNG, ...).
+            meta: small JSON-able facts (epoch, step, ...), stored in the manifest.
+        Returns:
+            the committed version number.
+        """
+        current = self.committed_version() if self.rank == 0 else None
+        v = broadcast_object((current or 0) + 1, 0, self.group)
+        d = self._vdir(v)
+        if self.rank == 0:
+            if d.exists():  # left over from a crash before its commit
+                shutil.rmtree(d)
+            d.mkdir(parents=True)
+        barrier(self.group)
+        files = {}
+        if self.rank == 0:
+            files["dense.pt"] = _save(d / "dense.pt", dense)
+        files[f"shard_{self.rank}.pt"] = _save(d / f"shard_{self.rank}.pt", shard)
+        manifest = {"format_version": FORMAT_VERSION, "version": v, "rank": self.rank,
+                    "world_size": self.world_size, "run_meta": self.run_meta,
+                    "meta": meta or {}, "files": files}
+        _atomic_write_bytes(d / f"manifest_{self.rank}.json",
+                            json.dumps(manifest, indent=1, default=str).encode())
+        fsync_dir(d)
+        barrier(self.group)  # every rank has written version v in full
+        if self.rank == 0:
+            _atomic_write_bytes(self.path / "VERSION", f"{v}\n".encode())
+            fsync_dir(self.path)
+            self._prune(v)
+        barrier(self.group)
+        return v
+
+    def _prune(self, committed: int) -> None:
+        for p in self.path.iterdir():
+            m = _VDIR.match(p.name)
+            if not m:
+                continue
+            n = int(m.group(1))
+            if n == committed or (self.keep_every and n % self.keep_every == 0 and n < committed):
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+
+    # ------------------------------------------------------------------- load
+    def load(self, version: Optional[int] = None,
+             map_location="cpu") -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+        """Load ``(dense, shard, meta)`` of the committed (or a given kept) version.
+
+        Every file this rank reads is checked against its manifest (format
+        version, world size, run metadata, size, sha256) first.
+
+        Raises:
+            CheckpointError: nothing committed, another world size or run, a
+                missing, truncated or corrupt file.
+        """
+        v = self.committed_version() if version is None else version
+        if v is None:
+            raise CheckpointError(f"{self.path}: no committed checkpoint (no VERSION file)")
+        d = self._vdir(v)
+        m0 = self._manifest(d, 0)
+        mine = m0 if self.rank == 0 else self._manifest(d, self.rank)
+        if m0["world_size"] != self.world_size:
+            raise CheckpointError(
+                f"{d}: written by {m0['world_size']} ranks, this run has {self.world_size}; "
+                f"resume with --nproc_per_node={m0['world_size']} (shards belong to partitions)")
+        for key, val in self.run_meta.items():
+            saved = m0["run_meta"].get(key)
+            if json.loads(json.dumps(val, default=str)) != saved:
+                raise CheckpointError(f"{d}: run_meta['{key}'] differs from this run "
+                                      f"(checkpoint {str(saved)[:80]!r}, now {str(val)[:80]!r})")
+        dense = self._read(d, "dense.pt", m0, map_location)
+        shard = self._read(d, f"shard_{self.rank}.pt", mine, map_location)
+        return dense, shard, m0["meta"]
+
+    def _manifest(self, d: Path, rank: int) -> Dict[str, Any]:
+        p = d / f"manifest_{rank}.json"
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing (checkpoint version not complete)")
+        try:
+            m = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{p}: corrupt manifest (line {e.lineno}: {e.msg})") from None
+        if m.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(f"{p}: format_version {m.get('format_version')} is not "
+                                  f"supported (this tgl_dist reads {FORMAT_VERSION})")
+        return m
+
+    @staticmethod
+    def _read(d: Path, name: str, manifest: Dict[str, Any], map_location):
+        p = d / name
+        info = manifest["files"].get(name)
+        if info is None or not p.is_file():
+            raise CheckpointError(f"{p}: missing")
+        size = p.stat().st_size
+        if size != info["bytes"]:
+            raise CheckpointError(f"{p}: truncated or replaced ({size} bytes, manifest says "
+                                  f"{info['bytes']})")
+        if sha256_file(p) != info["sha256"]:
+            raise CheckpointError(f"{p}: corrupt (checksum mismatch)")
+        return torch.load(p, map_location=map_location, weights_only=False)

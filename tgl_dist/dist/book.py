@@ -1,0 +1,66 @@
+"""``PartitionBook``: global node id -> (owner rank, local row), and back.
+
+Every rank holds the book (two small int tensors of N entries, 12 bytes a node):
+it is metadata, not node state, and it lets any rank route a request for any
+node to its owner without asking anyone.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+class PartitionBook:
+    """Maps global ids to owners and owner-local rows.
+
+    Args:
+        owner: owner rank of each node, shape ``[N]``.
+        num_parts: number of parts (default ``owner.max() + 1``); pass it when the
+            last parts may own nothing.
+
+    Local rows are assigned in increasing global-id order within each owner, so
+    ``owned_ids(r)[local_row] == global_id``.
+    """
+
+    def __init__(self, owner: Tensor, num_parts: Optional[int] = None) -> None:
+        self.owner = torch.as_tensor(owner, dtype=torch.int32).contiguous()
+        self.num_nodes = int(self.owner.numel())
+        self.num_parts = int(self.owner.max()) + 1 if self.num_nodes else 1
+        if num_parts is not None:  # parts that own nothing still count
+            if num_parts < self.num_parts:
+                raise ValueError(f"num_parts={num_parts} but owner holds rank {self.num_parts - 1}")
+            self.num_parts = int(num_parts)
+        order = torch.sort(self.owner.long(), stable=True).indices
+        counts = torch.bincount(self.owner.long(), minlength=self.num_parts)
+        starts = torch.cumsum(counts, 0) - counts
+        local = torch.empty(self.num_nodes, dtype=torch.long)
+        local[order] = torch.arange(self.num_nodes) - torch.repeat_interleave(starts, counts)
+        self.local = local
+        self._order = order
+        self._starts = starts
+        self.counts = counts
+
+    def owned_ids(self, rank: int) -> Tensor:
+        """Global ids owned by ``rank``, in local-row order, shape ``[n_owned]``."""
+        s = int(self._starts[rank])
+        return self._order[s:s + int(self.counts[rank])]
+
+    def to_owner(self, global_ids: Tensor) -> Tensor:
+        """Owner rank of each id (int64), same shape as ``global_ids``."""
+        return self.owner[global_ids].long()
+
+    def to_local(self, global_ids: Tensor) -> Tensor:
+        """Row of each id inside its owner's tables."""
+        return self.local[global_ids]
+
+    def locate(self, global_ids: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(owner, local_row)`` of each id."""
+        return self.to_owner(global_ids), self.to_local(global_ids)
+
+    def state(self) -> dict:
+        return {"owner": self.owner}
+
+    def __repr__(self) -> str:
+        return f"PartitionBook(num_nodes={self.num_nodes}, num_parts={self.num_parts})"
