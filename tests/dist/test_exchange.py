@@ -1,0 +1,49 @@
+import torch
+import pytest
+
+from tgl_dist.dist import PartitionBook, fetch_rows, push_rows, AllToAllV, all_gather_v
+from tgl_dist.testing import run_distributed
+
+
+def test_partition_book_round_trip():
+    owner = torch.tensor([1, 0, 2, 1, 0, 0, 2])
+    book = PartitionBook(owner)
+    assert book.num_parts == 3
+    for r in range(3):
+        ids = book.owned_ids(r)
+        assert torch.equal(book.to_owner(ids), torch.full_like(ids, r))
+        assert torch.equal(book.to_local(ids), torch.arange(ids.numel()))
+    assert sorted(torch.cat([book.owned_ids(r) for r in range(3)]).tolist()) == list(range(7))
+
+
+def _fetch_worker():
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    owner = torch.tensor([0, 1, 0, 1, 1, 0])
+    book = PartitionBook(owner)
+    table = book.owned_ids(ctx.rank).float().view(-1, 1) * 10  # row value = 10 * global id
+    ids = torch.tensor([5, 1, 1, 2]) if ctx.rank == 0 else torch.tensor([], dtype=torch.long)
+    rows = fetch_rows(book.to_owner(ids), book.to_local(ids), lambda r: table[r])
+    # push: each rank pushes (id, value) to owners
+    pids = torch.tensor([3, 0]) if ctx.rank == 0 else torch.tensor([4])
+    loc, val = push_rows(book.to_owner(pids), book.to_local(pids), pids.float())
+    # differentiable all-to-all: rank r sends one row to each rank
+    x = torch.full((2, 3), float(ctx.rank + 1), requires_grad=True)
+    y = AllToAllV.apply(x, [1, 1], [1, 1], None)
+    (y * torch.arange(2).view(2, 1).float()).sum().backward()
+    g = all_gather_v(torch.arange(ctx.rank + 1))
+    return rows.view(-1).tolist(), sorted(zip(loc.tolist(), val.tolist())), x.grad.tolist(), g.tolist()
+
+
+@pytest.mark.distributed
+def test_fetch_push_two_ranks():
+    r0, r1 = run_distributed(_fetch_worker, 2)
+    assert r0[0] == [50.0, 10.0, 10.0, 20.0]
+    assert r1[0] == []
+    # rank 0 owns 0,2,5 ; rank 1 owns 1,3,4 (local rows 0,1,2)
+    assert r0[1] == [(0, 0.0)]
+    assert r1[1] == [(1, 3.0), (2, 4.0)]
+    # y[j] on every rank came from rank j and is weighted by j: rank 0's rows get 0, rank 1's get 1
+    assert r0[2] == [[0.0] * 3, [0.0] * 3]
+    assert r1[2] == [[1.0] * 3, [1.0] * 3]
+    assert r0[3] == r1[3] == [0, 0, 1]
