@@ -1,0 +1,256 @@
+"""``DistEmbedding``: a learnable node-embedding table sharded by a partition book.
+
+Each rank stores only the rows of the nodes it owns (``book.owned_ids(rank)``, in
+local-row order). A lookup of any global ids fetches the remote rows from their
+owners by all-to-all; the backward pass records ``(unique ids, gradient rows)``
+locally and the sparse optimizers in :mod:`tgl_dist.optim` send them to the owners
+in their ``step()``. No dense gradient of the table is ever formed.
+
+Worked example (2 ranks, owners ``[0, 1, 0, 1]``, so rank 0 holds rows of nodes
+``[0, 2]`` and rank 1 of ``[1, 3]``)::
+
+    rank 0: emb(tensor([3, 0, 3]))        rank 1: emb(tensor([2]))
+      unique [0, 3], inverse [1, 0, 1]      unique [2]
+      asks itself for row 0 (node 0),       asks rank 0 for row 1 (node 2)
+      rank 1 for row 1 (node 3)
+      returns rows of [3, 0, 3]  [3, D]     returns the row of [2]  [1, D]
+    backward: rank 0 records ([0, 3], grad [2, D]) (the two rows of node 3 summed),
+              rank 1 records ([2], grad [1, D]); nothing is sent until optimizer.step().
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from tgl_dist.dist import PartitionBook, all_gather_v, fetch_rows, world
+from tgl_dist.errors import PartitionError
+
+log = logging.getLogger(__name__)
+
+_M32 = 0xFFFFFFFF
+_INIT_CHUNK_ROWS = 1 << 16
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    """MurmurHash3's 32-bit finaliser on int64 tensors holding values in ``[0, 2^32)``."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def hash_uniform_(out: Tensor, global_ids: Tensor, seed: int, low: float, high: float) -> Tensor:
+    """Fill ``out[i, j]`` with a uniform number in ``[low, high)`` that depends only on
+    ``(seed, global_ids[i], j)``: the same node gets the same row on any rank, in any
+    world size and in any order. Vectorised and chunked (no Python loop over nodes).
+
+    Args:
+        out: table to fill in place, shape ``[n, D]``.
+        global_ids: global id of each row of ``out``, shape ``[n]``.
+        seed: any integer.
+        low, high: bounds of the uniform distribution.
+    Returns:
+        ``out``.
+    """
+    n, d = out.shape
+    s = _fmix32(torch.tensor([seed & _M32], dtype=torch.long) ^ 0x5BD1E995)
+    s = _fmix32(s ^ ((seed >> 32) & _M32))
+    cols = (torch.arange(d, dtype=torch.long) * 0x9E3779B9) & _M32
+    for a in range(0, n, _INIT_CHUNK_ROWS):
+        g = global_ids[a:a + _INIT_CHUNK_ROWS].to("cpu", torch.long)
+        h = _fmix32(_fmix32((g >> 32) ^ s) ^ (g & _M32))          # [c]
+        h = _fmix32(_fmix32((h.view(-1, 1) + cols) & _M32) ^ s)    # [c, D]
+        u = (h >> 8).to(torch.float64) * (1.0 / (1 << 24))         # 24 random bits -> [0, 1)
+        out[a:a + g.numel()] = (low + (high - low) * u).to(out.dtype).to(out.device)
+    return out
+
+
+class _Lookup(torch.autograd.Function):
+    """Fetch rows of unique global ids; backward records the gradient rows (no communication)."""
+
+    @staticmethod
+    def forward(ctx, anchor: Tensor, uniq: Tensor, emb: "DistEmbedding") -> Tensor:
+        ctx.emb = emb
+        ctx.save_for_backward(uniq)
+        return emb._fetch(uniq)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (uniq,) = ctx.saved_tensors
+        ctx.emb._record(uniq, grad)
+        return None, None, None
+
+
+class DistEmbedding(nn.Module):
+    """Learnable embedding of ``num_nodes`` nodes, sharded so each rank keeps its own rows.
+
+    Args:
+        num_nodes: number of nodes N (global ids ``0 .. N-1``).
+        dim: embedding size D.
+        partition_book: :class:`~tgl_dist.dist.PartitionBook` over the N nodes with as
+            many parts as ranks in ``group`` (a book of one part in a world of one).
+        name: unique name; keys the optimizer state and checkpoints.
+        init: optional callable ``init(weight)`` that fills the local table
+            (shape ``[n_owned, D]``) in place, e.g. ``torch.nn.init.zeros_``. Default:
+            uniform in ``[-1/sqrt(D), 1/sqrt(D))`` from a counter-based hash of
+            ``(seed, global id, column)``, so a node's row is the same whatever the
+            world size or partition. A custom random ``init`` does not have that property.
+        group: process group of the ranks sharing the table (default: the world).
+        seed: seed of the default initialisation (default: ``0``).
+        dtype: table dtype (default: ``torch.float32``).
+        device: where the local table lives (default: CPU).
+
+    Attributes:
+        weight: buffer with this rank's rows, shape ``[n_owned, D]``; row ``k`` is node
+            ``owned_ids[k]``. It is a buffer, not a ``Parameter``: dense optimizers and
+            DDP never see it; :mod:`tgl_dist.optim` updates it.
+        owned_ids: buffer with the global ids of the local rows, shape ``[n_owned]``.
+
+    Shapes:
+        - ids: ``[n]`` global ids (any order, duplicates allowed).
+        - output: ``[n, D]``.
+
+    ``forward`` is a collective: every rank of ``group`` must call it the same number
+    of times and in the same order (with an empty ``ids`` when it has nothing to look
+    up). Its backward does no communication; the gradient rows wait in this module
+    until a sparse optimizer's ``step()`` (or ``zero_grad()``).
+    """
+
+    def __init__(self, num_nodes: int, dim: int, partition_book: PartitionBook, name: str,
+                 init: Optional[Callable[[Tensor], Any]] = None, group=None, *, seed: int = 0,
+                 dtype: torch.dtype = torch.float32,
+                 device: Optional[torch.device | str] = None) -> None:
+        super().__init__()
+        if int(num_nodes) < 0 or int(dim) <= 0:
+            raise ValueError(f"DistEmbedding needs num_nodes >= 0 and dim > 0, got "
+                             f"num_nodes={num_nodes}, dim={dim}")
+        if not isinstance(partition_book, PartitionBook):
+            raise TypeError(f"partition_book must be a tgl_dist.dist.PartitionBook, "
+                            f"got {type(partition_book).__name__}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"DistEmbedding needs a non-empty name, got {name!r}")
+        rank, ws = world(group)
+        if partition_book.num_nodes != int(num_nodes):
+            raise PartitionError(f"DistEmbedding '{name}': partition book covers "
+                                 f"{partition_book.num_nodes} nodes but num_nodes={num_nodes}")
+        if partition_book.num_parts > ws:
+            raise PartitionError(f"DistEmbedding '{name}': partition book has "
+                                 f"{partition_book.num_parts} parts but the group has {ws} ranks")
+        self.num_nodes = int(num_nodes)
+        self.dim = int(dim)
+        self.book = partition_book
+        self.name = name
+        self.group = group
+        self.rank = rank
+        self.world_size = ws
+        self.seed = int(seed)
+        owned = (partition_book.owned_ids(rank) if rank < partition_book.num_parts
+                 else torch.empty(0, dtype=torch.long))
+        weight = torch.empty(owned.numel(), self.dim, dtype=dtype, device=device)
+        with torch.no_grad():
+            if init is None:
+                bound = 1.0 / math.sqrt(self.dim)
+                hash_uniform_(weight, owned, self.seed, -bound, bound)
+            else:
+                init(weight)
+        self.register_buffer("weight", weight)
+        self.register_buffer("owned_ids", owned.to(device=weight.device, dtype=torch.long).clone())
+        self._anchor = torch.zeros(0, requires_grad=True)
+        self._grads: List[Tuple[Tensor, Tensor]] = []
+        log.debug("DistEmbedding '%s': rank %d holds %d of %d rows (D=%d)",
+                  name, rank, owned.numel(), self.num_nodes, self.dim)
+
+    # ------------------------------------------------------------------ lookup
+    @property
+    def num_owned(self) -> int:
+        """Rows held by this rank."""
+        return int(self.weight.size(0))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """Rows of the global ``ids`` (collective).
+
+        Args:
+            ids: global node ids, shape ``[n]`` (integer; duplicates allowed).
+        Returns:
+            rows, shape ``[n, D]``; differentiable when grad is enabled.
+        """
+        ids = torch.as_tensor(ids)
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() != 1:
+            raise TypeError(f"DistEmbedding '{self.name}': ids must be a 1-D integer tensor, "
+                            f"got dtype {ids.dtype} and shape {tuple(ids.shape)}")
+        ids = ids.long()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_nodes):
+            bad = ids[(ids < 0) | (ids >= self.num_nodes)][0]
+            raise ValueError(f"DistEmbedding '{self.name}': id {int(bad)} is out of range "
+                             f"[0, {self.num_nodes})")
+        uniq, inverse = torch.unique(ids.cpu(), return_inverse=True)
+        if torch.is_grad_enabled():
+            rows = _Lookup.apply(self._anchor, uniq, self)
+        else:
+            rows = self._fetch(uniq)
+        return rows[inverse.to(rows.device)]
+
+    def _fetch(self, uniq: Tensor) -> Tensor:
+        """Rows of unique global ids ``[u]`` from their owners, ``[u, D]`` (collective)."""
+        owner, local = self.book.locate(uniq)
+        w = self.weight
+        return fetch_rows(owner, local, lambda r: w[r.to(w.device)], group=self.group)
+
+    def _record(self, uniq: Tensor, grad: Tensor) -> None:
+        self._grads.append((uniq, grad.detach().to(self.weight.dtype).contiguous().clone()))
+
+    # --------------------------------------------------------------- gradients
+    def take_grads(self) -> Tuple[Tensor, Tensor]:
+        """The gradient rows recorded since the last ``clear_grads()`` (not cleared).
+
+        Returns:
+            ``(ids, grad)``: global ids ``[m]`` and gradient rows ``[m, D]``; an id may
+            appear more than once (once per lookup that used it).
+        """
+        if not self._grads:
+            return (torch.empty(0, dtype=torch.long),
+                    self.weight.new_zeros(0, self.dim))
+        ids = torch.cat([i for i, _ in self._grads])
+        grad = torch.cat([g.to(self.weight.device) for _, g in self._grads])
+        return ids, grad
+
+    @property
+    def has_grad(self) -> bool:
+        """True when a backward pass reached this table since the last ``clear_grads()``."""
+        return bool(self._grads)
+
+    def clear_grads(self) -> None:
+        """Forget the recorded gradient rows (what ``optimizer.zero_grad()`` calls)."""
+        self._grads = []
+
+    # ------------------------------------------------------------------ export
+    def full_table(self) -> Tensor:
+        """The whole ``[N, D]`` table on every rank (collective; O(N·D) memory per rank).
+
+        For tests, small tables and export only: training never needs it.
+        """
+        ids = all_gather_v(self.owned_ids.cpu(), group=self.group)
+        rows = all_gather_v(self.weight.detach().cpu(), group=self.group)
+        out = rows.new_zeros(self.num_nodes, self.dim)
+        out[ids] = rows
+        return out
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
+                              missing_keys, unexpected_keys, error_msgs) -> None:
+        key = prefix + "owned_ids"
+        if key in state_dict and not torch.equal(state_dict[key].cpu(), self.owned_ids.cpu()):
+            raise PartitionError(
+                f"DistEmbedding '{self.name}': the saved shard holds "
+                f"{state_dict[key].numel()} rows of other nodes than this rank's "
+                f"{self.num_owned} (saved with another partition or rank)")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                      missing_keys, unexpected_keys, error_msgs)
+
+    def extra_repr(self) -> str:
+        return (f"name={self.name!r}, num_nodes={self.num_nodes}, dim={self.dim}, "
+                f"rank={self.rank}, num_owned={self.num_owned}")
