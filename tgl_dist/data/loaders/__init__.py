@@ -1,0 +1,93 @@
+"""Format loaders: one module per on-disk format, each returning a ``TemporalGraph``.
+
+========== ============================================ ===========================
+format     files                                        loader
+========== ============================================ ===========================
+jodie      ``user_id,item_id,timestamp,state_label,..`` :func:`load_jodie`
+dyglib     ``ml_<name>.csv`` (+ ``.npy`` features)       :func:`load_dyglib`
+snap       ``src dst time`` lines (optional ``.gz``)     :func:`load_snap`
+snap-signed ``SOURCE,TARGET,RATING,TIME`` gzip CSV       :func:`load_snap_signed`
+konect     ``out.*`` with ``%`` header lines             :func:`load_konect`
+pyg        ``torch.save``-d ``TemporalData``             :func:`load_pyg`
+========== ============================================ ===========================
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict
+
+from tgl_dist.data.loaders._common import PathLike, head_lines, require_keys
+from tgl_dist.data.loaders.dyglib import load_dyglib
+from tgl_dist.data.loaders.jodie import load_jodie
+from tgl_dist.data.loaders.konect import load_konect
+from tgl_dist.data.loaders.pyg import from_pyg, load_pyg, to_pyg
+from tgl_dist.data.loaders.snap import load_snap
+from tgl_dist.data.loaders.snap_signed import load_snap_signed
+from tgl_dist.errors import DataFormatError
+
+LOADERS: Dict[str, Callable] = {
+    "jodie": load_jodie,
+    "dyglib": load_dyglib,
+    "snap": load_snap,
+    "snap-signed": load_snap_signed,
+    "konect": load_konect,
+    "pyg": load_pyg,
+}
+
+
+def get_loader(fmt: str) -> Callable:
+    """The loader function of format ``fmt`` (``-``/``_`` interchangeable)."""
+    key = fmt.lower().replace("_", "-")
+    if key not in LOADERS:
+        raise ValueError(f"unknown dataset format {fmt!r}; known formats: {', '.join(LOADERS)}")
+    return LOADERS[key]
+
+
+def infer_format(path: PathLike) -> str:
+    """Guess the format of a data file from its name, then from its first lines.
+
+    Rules, in order: ``.pt``/``.pth`` -> pyg; ``ml_*.csv`` -> dyglib; ``out.*`` -> konect;
+    ``soc-sign-*`` -> snap-signed; a first line starting with ``%`` -> konect; a header
+    ``user_id,...`` -> jodie; a header ``,u,i,ts,...`` -> dyglib; data lines with 3 fields
+    -> snap; 4 comma-separated fields -> snap-signed.
+
+    Raises:
+        DataFormatError: when none of the rules decides (pass ``format=`` then).
+    """
+    path = Path(path)
+    n = path.name.lower()
+    if n.endswith((".pt", ".pth")):
+        return "pyg"
+    if n.startswith("ml_") and n.endswith(".csv"):
+        return "dyglib"
+    if n.startswith("out."):
+        return "konect"
+    if n.startswith("soc-sign-"):
+        return "snap-signed"
+    lines = [ln for ln in head_lines(path, 50) if ln.strip()]
+    if not lines:
+        raise DataFormatError(path, "empty file: cannot infer its format")
+    first = lines[0]
+    if first.startswith("%"):
+        return "konect"
+    low = first.lower().replace(" ", "")
+    if low.startswith("user_id,item_id"):
+        return "jodie"
+    if low.startswith(",u,i,ts") or low.startswith("u,i,ts"):
+        return "dyglib"
+    data = [ln for ln in lines if not ln.startswith(("#", "%"))]
+    if data:
+        fields = data[0].replace(",", " ").replace("\t", " ").split()
+        if len(fields) == 3:
+            return "snap"
+        if len(fields) == 4 and "," in data[0]:
+            return "snap-signed"
+    raise DataFormatError(path, "cannot infer the format from the file name or first lines; pass "
+                          f"format= one of {', '.join(LOADERS)}", line=1)
+
+
+__all__ = [
+    "LOADERS", "get_loader", "infer_format", "require_keys",
+    "load_jodie", "load_dyglib", "load_snap", "load_snap_signed", "load_konect", "load_pyg",
+    "from_pyg", "to_pyg",
+]

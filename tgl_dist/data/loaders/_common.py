@@ -1,0 +1,310 @@
+"""Shared parsing helpers for the format loaders: fast table reading, id remapping, checks.
+
+Every text loader goes through :func:`read_table`: it reads the whole file (gzip when
+the file starts with the gzip magic), drops comment and blank lines, normalises the
+separators (comma, tab, space, any mix), checks the number of fields on every line with
+one vectorised pass and converts all numbers with a single ``numpy`` call. Only when that
+fast path fails does it scan line by line to name the exact line and field that is wrong,
+so a bad row is always reported and never dropped.
+
+Shapes:
+    R: number of data rows (events), C: number of columns.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import math
+from pathlib import Path
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tgl_dist.errors import DataFormatError
+
+PathLike = Union[str, Path]
+
+_SPACE = np.frombuffer(b" ", dtype=np.uint8)[0]
+_NEWLINE = np.frombuffer(b"\n", dtype=np.uint8)[0]
+
+
+def read_bytes(path: PathLike) -> bytes:
+    """The file's bytes, decompressed when it is gzip (by magic number, not by name)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(path, "file not found")
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise DataFormatError(path, f"corrupt or truncated gzip file ({exc})") from None
+    return raw
+
+
+def head_lines(path: PathLike, n: int) -> List[str]:
+    """The first ``n`` lines of a (possibly gzip) text file, without reading all of it."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gz else open
+    out: List[str] = []
+    with opener(path, "rb") as f:
+        for raw in f:
+            out.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+            if len(out) >= n:
+                break
+    return out
+
+
+def read_text(path: PathLike) -> str:
+    """The file decoded as UTF-8 with ``\\r\\n`` line ends normalised to ``\\n``."""
+    raw = read_bytes(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DataFormatError(path, f"not UTF-8 text (byte {exc.start})", line=line) from None
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _split(line: str) -> List[str]:
+    return line.replace(",", " ").replace("\t", " ").split()
+
+
+class Table:
+    """A numeric table read from a text file.
+
+    Attributes:
+        values: the numbers, shape ``[R, C]``, float64.
+        lines: 1-based file line number of each row, shape ``[R]``, int64.
+        header: the header's field names, or ``None`` when the file has no header.
+        path: the file.
+    """
+
+    def __init__(self, values: np.ndarray, lines: np.ndarray, header: Optional[List[str]], path: Path):
+        self.values, self.lines, self.header, self.path = values, lines, header, path
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.values.shape[0])
+
+    def error(self, row: int, field: str, message: str) -> DataFormatError:
+        """An error naming the file line of data row ``row`` and the field."""
+        return DataFormatError(self.path, message, line=int(self.lines[row]), field=field)
+
+
+def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols: Optional[int] = None,
+               comments: str = "#%", header: Union[bool, str] = "auto") -> Table:
+    """Read a numeric text table, fast, with exact errors.
+
+    Args:
+        path: the file (plain or gzip).
+        names: field names for the columns (used in error messages; extra columns are
+            called ``feature_<k>``).
+        min_cols: fewest columns a row may have. max_cols: most (default ``min_cols``;
+            ``-1`` for no limit). All rows must have the same number of columns.
+        comments: characters that start a comment line (skipped).
+        header: ``True`` if the first data line is a header, ``False`` if not, ``"auto"``
+            to treat it as a header when one of its fields is not a number.
+
+    Returns:
+        :class:`Table` with ``values [R, C]`` float64 and the line number of each row.
+
+    Raises:
+        DataFormatError: naming the line and field of a row with the wrong number of
+            columns or a field that is not a number.
+    """
+    path = Path(path)
+    max_cols = min_cols if max_cols is None else max_cols
+    raw = read_bytes(path)
+    if b"\r" in raw:
+        raw = raw.replace(b"\r", b" ")
+    norm = raw.replace(b",", b" ").replace(b"\t", b" ")
+    b = np.frombuffer(norm, dtype=np.uint8)
+    nl = np.flatnonzero(b == _NEWLINE)
+    line_start = np.concatenate([np.zeros(1, dtype=np.int64), nl + 1])
+    line_end = np.concatenate([nl, np.array([b.size], dtype=np.int64)])  # exclusive
+    if line_start[-1] >= b.size:  # file ends with a newline: no last empty line
+        line_start, line_end = line_start[:-1], line_end[:-1]
+    n_lines = line_start.size
+    # fields per line: token starts (a non-space after a space/newline/file start)
+    is_sep = (b == _SPACE) | (b == _NEWLINE)
+    tok = ~is_sep
+    tok[1:] &= is_sep[:-1]
+    tok_pos = np.flatnonzero(tok)
+    ncols = np.bincount(np.searchsorted(nl, tok_pos), minlength=n_lines)[:n_lines]
+    first = np.frombuffer(raw, dtype=np.uint8)[np.minimum(line_start, max(len(raw) - 1, 0))]
+    comment = np.isin(first, np.frombuffer(comments.encode(), dtype=np.uint8)) & (line_end > line_start)
+    data = np.flatnonzero(~comment & (ncols > 0))
+    header_fields: Optional[List[str]] = None
+    if data.size:
+        i0 = int(data[0])
+        text0 = raw[line_start[i0]:line_end[i0]].decode("utf-8", "replace")
+        fields = [f.strip() for f in (text0.split(",") if "," in text0 else text0.split())]
+        if header is True or (header == "auto" and not all(_is_number(f) for f in fields if f)):
+            header_fields = fields
+            comment[i0] = True
+            data = data[1:]
+    R = int(data.size)
+    if R == 0:
+        raise DataFormatError(path, "the file holds no data rows")
+    line_no = data.astype(np.int64) + 1
+    ncols = ncols[data]
+    C = int(ncols[0])
+
+    def name(c: int) -> str:
+        return names[c] if c < len(names) else f"feature_{c - len(names)}"
+
+    expect = (f"{min_cols}" if max_cols == min_cols else
+              f"{min_cols} or more" if max_cols < 0 else f"{min_cols} to {max_cols}")
+    if C < min_cols or (max_cols >= 0 and C > max_cols):
+        raise DataFormatError(path, f"expected {expect} fields ({', '.join(names)}), found {C}",
+                              line=int(line_no[0]))
+    bad = np.flatnonzero(ncols != C)
+    if bad.size:
+        r = int(bad[0])
+        got = int(ncols[r])
+        missing = f"; field '{name(got)}' is missing" if got < C else ""
+        raise DataFormatError(path, f"expected {C} fields like line {int(line_no[0])}, found {got}{missing}",
+                              line=int(line_no[r]))
+    # the bytes of the kept lines: slices over runs of lines that are not comments/header
+    drop = np.flatnonzero(comment)
+    if drop.size == 0:
+        body = norm
+    else:
+        cuts_start = np.concatenate([[0], line_end[drop]])
+        cuts_end = np.concatenate([line_start[drop], [b.size]])
+        body = b" ".join(norm[s:e] for s, e in zip(cuts_start.tolist(), cuts_end.tolist()) if e > s)
+    flat = _parse_numbers(body)
+    if flat is None or flat.size != R * C:
+        _scan_for_bad_field(path, raw, line_start[data], line_end[data], name)
+        raise DataFormatError(path, "could not parse the numbers (no single bad field found)")
+    return Table(flat.reshape(R, C), line_no, header_fields, path)
+
+
+_INT_BYTES = np.zeros(256, dtype=bool)
+_INT_BYTES[np.frombuffer(b"0123456789+- \n", dtype=np.uint8)] = True
+
+
+def _parse_numbers(body: bytes) -> Optional[np.ndarray]:
+    """All numbers of ``body`` (whitespace separated) as a flat float64 array, or ``None``.
+
+    Integer-only text (the usual edge list) goes through numpy's C integer reader, which
+    is several times faster than its float reader; anything else through
+    ``np.fromstring``. ``None`` means some field is not a number.
+    """
+    try:
+        if _INT_BYTES[np.frombuffer(body, dtype=np.uint8)].all():
+            vals = np.loadtxt(io.BytesIO(body), dtype=np.int64, ndmin=1).ravel()
+            return vals.astype(np.float64)
+        return np.fromstring(body, dtype=np.float64, sep=" ")  # text mode: one C-level pass
+    except (ValueError, OverflowError):
+        return None
+
+
+def _scan_for_bad_field(path: Path, raw: bytes, starts: np.ndarray, ends: np.ndarray, name) -> None:
+    """Slow path: find the first field that is not a number and raise for it."""
+    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        line = raw[s:e].decode("utf-8", "replace")
+        for c, tok in enumerate(_split(line)):
+            try:
+                float(tok)
+            except ValueError:
+                lineno = raw.count(b"\n", 0, s) + 1
+                raise DataFormatError(path, f"{tok!r} is not a number", line=lineno, field=name(c)) from None
+
+
+# ---------------------------------------------------------------- column checks
+def node_ids(table: Table, col: int, field: str) -> np.ndarray:
+    """Column ``col`` as int64 node ids; each must be a non-negative integer.
+
+    Returns:
+        ids, shape ``[R]``, int64.
+    """
+    x = table.values[:, col]
+    bad = ~np.isfinite(x) | (x < 0) | (x != np.floor(x))
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise table.error(r, field, f"node id must be a non-negative integer, got {x[r]!r}")
+    if x.size and x.max() >= 2 ** 53:
+        r = int(np.argmax(x))
+        raise table.error(r, field, f"node id {x[r]!r} is too large to read exactly")
+    return x.astype(np.int64)
+
+
+def timestamps(table: Table, col: int, field: str) -> np.ndarray:
+    """Column ``col`` as event times; NaN, infinite or negative times are errors.
+
+    Returns:
+        times, shape ``[R]``, float64.
+    """
+    x = table.values[:, col]
+    check_times(x, table.path, lines=table.lines, field=field)
+    return x
+
+
+def check_times(t: np.ndarray, path: PathLike, lines: Optional[np.ndarray] = None,
+                field: str = "t", row_offset: int = 0) -> None:
+    """Raise for the first NaN, infinite or negative time in ``t`` (shape ``[R]``).
+
+    ``lines`` maps rows to file lines; without it the error names the row
+    (``row_offset`` + index).
+    """
+    bad = ~np.isfinite(t) | (t < 0)
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        what = "NaN" if math.isnan(t[r]) else "infinite" if math.isinf(t[r]) else "negative"
+        where = int(lines[r]) if lines is not None else r + row_offset
+        raise DataFormatError(path, f"timestamp is {what} ({t[r]!r}); times must be finite and >= 0",
+                              line=where, field=field)
+
+
+def remap_nodes(src: np.ndarray, dst: np.ndarray) -> Tuple[Tensor, Tensor, Tensor]:
+    """Remap arbitrary integer ids to ``0..N-1``, keeping their order.
+
+    Returns:
+        ``(src, dst, node_map)``: new ids ``[E]`` each, and ``node_map [N]`` holding the
+        original id of each new id (sorted ascending).
+    """
+    uniq, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    E = src.shape[0]
+    return (torch.from_numpy(inv[:E].astype(np.int64)), torch.from_numpy(inv[E:].astype(np.int64)),
+            torch.from_numpy(uniq.astype(np.int64)))
+
+
+def require_keys(obj: Mapping, keys: Iterable[str], path: PathLike, where: Optional[str] = None) -> None:
+    """Raise a :class:`DataFormatError` naming the first key of ``keys`` missing in ``obj``.
+
+    Args:
+        obj: a parsed JSON object (or any mapping).
+        keys: keys that must be present.
+        path: the file ``obj`` was read from (for the message).
+        where: optional location inside the file, e.g. ``"snapshot 3"`` (reported as
+            the row).
+
+    Example::
+
+        data = json.loads(Path(p).read_text())
+        require_keys(data, ["edges", "node_ids", "FX"], p)
+    """
+    if not isinstance(obj, Mapping):
+        raise DataFormatError(path, f"expected a JSON object{' at ' + where if where else ''}, "
+                              f"got {type(obj).__name__}")
+    for k in keys:
+        if k not in obj:
+            have = ", ".join(sorted(map(str, obj.keys()))[:12])
+            loc = f" in {where}" if where else ""
+            raise DataFormatError(path, f"missing required key{loc} (present keys: {have})", field=k)

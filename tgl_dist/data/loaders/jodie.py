@@ -1,0 +1,74 @@
+"""JODIE CSV: ``user_id,item_id,timestamp,state_label[,features...]`` (Kumar et al. 2019).
+
+Published at http://snap.stanford.edu/jodie/ (``wikipedia.csv``, ``reddit.csv``,
+``mooc.csv``, ``lastfm.csv``). The header line names only the first four fields (the
+original files then carry e.g. 172 feature columns on every data line).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, timestamps
+from tgl_dist.data.temporal import TemporalGraph
+
+log = logging.getLogger(__name__)
+
+FIELDS = ("user_id", "item_id", "timestamp", "state_label")
+
+
+def load_jodie(path: PathLike, name: Optional[str] = None, shift_items: bool = True) -> TemporalGraph:
+    """Read a JODIE CSV file into a :class:`TemporalGraph`.
+
+    Item ids are shifted by ``max(user_id) + 1`` so users and items share one id space
+    (as JODIE, TGN and DyGLib do), then all ids are remapped to ``0..N-1`` keeping their
+    order (``node_map`` holds the shifted id: a user keeps its id, item ``i`` becomes
+    ``i + max(user_id) + 1``).
+
+    Args:
+        path: the CSV file (plain or gzip).
+        name: dataset name (default: the file name without extension).
+        shift_items: shift item ids as above (``False`` if users and items already share
+            one id space).
+
+    Returns:
+        TemporalGraph with ``labels [E]`` (state labels, int64) and, when the file has
+        feature columns, ``edge_attr [E, F]``.
+
+    Raises:
+        DataFormatError: naming the line and field of a malformed row, a non-numeric or
+            negative id, a NaN or negative timestamp.
+    """
+    path = Path(path)
+    tab = read_table(path, names=FIELDS, min_cols=4, max_cols=-1)
+    users = node_ids(tab, 0, FIELDS[0])
+    items = node_ids(tab, 1, FIELDS[1])
+    t = timestamps(tab, 2, FIELDS[2])
+    lab = tab.values[:, 3]
+    bad = ~np.isfinite(lab) | (lab != np.floor(lab))
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise tab.error(r, FIELDS[3], f"state label must be an integer, got {lab[r]!r}")
+    if shift_items:
+        items = items + (int(users.max()) + 1)
+    src, dst, node_map = remap_nodes(users, items)
+    edge_attr = None
+    if tab.values.shape[1] > 4:
+        edge_attr = torch.from_numpy(tab.values[:, 4:].astype(np.float32))
+    log.info("read %s: %d events, %d nodes, %d feature columns", path, tab.num_rows,
+             node_map.numel(), 0 if edge_attr is None else edge_attr.size(1))
+    return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=int(node_map.numel()),
+                                edge_attr=edge_attr, labels=torch.from_numpy(lab.astype(np.int64)),
+                                node_map=node_map, name=name or _stem(path))
+
+
+def _stem(path: Path) -> str:
+    n = path.name
+    for ext in (".gz", ".csv", ".txt"):
+        if n.endswith(ext):
+            n = n[: -len(ext)]
+    return n
