@@ -1,0 +1,85 @@
+"""Two processes: sharded tables and sparse optimizers equal the one-process run."""
+import io
+
+import pytest
+import torch
+
+from optim_reference import make_batches, merged, run_dist
+from tgl_dist.dist import PartitionBook
+from tgl_dist.nn import DistEmbedding
+from tgl_dist.optim import SparseAdagrad, SparseAdam
+from tgl_dist.testing import run_distributed
+
+N, D, TOUCHED, STEPS = 40, 6, 25, 6
+CONFIGS = {
+    "adam_row": (SparseAdam, dict(lr=0.05, betas=(0.8, 0.99), step_count="row")),
+    "adam_global": (SparseAdam, dict(lr=0.05, betas=(0.8, 0.99), step_count="global")),
+    "adagrad": (SparseAdagrad, dict(lr=0.1, initial_accumulator_value=0.05)),
+}
+
+
+def _owner() -> torch.Tensor:
+    return torch.randperm(N, generator=torch.Generator().manual_seed(7)) % 2
+
+
+def _train(world_size: int, rank: int, name: str, tmp: str = ""):
+    """Train one config; in a world of two also save after 3 steps and resume a copy."""
+    cls, kw = CONFIGS[name]
+    owner = _owner() if world_size == 2 else torch.zeros(N, dtype=torch.long)
+    book = PartitionBook(owner)
+    steps = make_batches(STEPS, 2, TOUCHED, seed=11, same_rows_each_step=name == "adam_row")
+    mine = [s[rank] for s in steps] if world_size == 2 else merged(steps)
+    emb = DistEmbedding(N, D, book, name)
+    opt = cls([emb], **kw)
+    init = emb.full_table()
+    run_dist(emb, opt, mine[:3])
+    if tmp:
+        torch.save({"emb": emb.state_dict(), "opt": opt.state_dict()}, f"{tmp}/{name}_{rank}.pt")
+    run_dist(emb, opt, mine[3:])
+    out = {"init": init, "final": emb.full_table(), "rows": emb.weight.size(0),
+           "owned": book.owned_ids(rank).numel(),
+           "state_rows": {k: v.size(0) for k, v in opt.state[name].items() if v.dim()},
+           "state": {k: v.clone() for k, v in opt.state[name].items()},
+           "ids": emb.owned_ids.clone()}
+    if tmp:
+        emb2 = DistEmbedding(N, D, book, name, init=torch.nn.init.zeros_)
+        opt2 = cls([emb2], **kw)
+        saved = torch.load(f"{tmp}/{name}_{rank}.pt")
+        emb2.load_state_dict(saved["emb"])
+        opt2.load_state_dict(saved["opt"])
+        run_dist(emb2, opt2, mine[3:])
+        out["resumed"] = emb2.full_table()
+    return out
+
+
+def _worker(tmp: str) -> bytes:
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    buf = io.BytesIO()  # tensors through the result queue need the sender alive: send bytes
+    torch.save({name: _train(2, ctx.rank, name, tmp) for name in CONFIGS}, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.distributed
+def test_two_ranks_equal_one_rank(tmp_path):
+    r0, r1 = (torch.load(io.BytesIO(r)) for r in run_distributed(_worker, 2, str(tmp_path)))
+    for name in CONFIGS:
+        one = _train(1, 0, name)
+        a, b = r0[name], r1[name]
+        # the default init does not depend on the world size
+        assert torch.equal(a["init"], one["init"]) and torch.equal(b["init"], one["init"])
+        assert (a["final"] - one["final"]).abs().max() < 1e-6, name
+        assert torch.equal(a["final"], b["final"])
+        # rows never looked up never change
+        assert torch.equal(a["final"][TOUCHED:], one["init"][TOUCHED:])
+        # each rank holds only its own rows, in table and optimizer state
+        for r, res in enumerate((a, b)):
+            assert res["rows"] == res["owned"] < N
+            assert set(res["state_rows"].values()) == {res["owned"]}
+            for k, v in res["state"].items():
+                want = one["state"][k][res["ids"]] if v.dim() else one["state"][k]
+                # the owner sums gradients in another order: equal up to float32 rounding
+                assert torch.allclose(v.double(), want.double(), rtol=1e-6, atol=1e-6), (name, k)
+        assert a["rows"] + b["rows"] == N
+        # save after 3 steps, load into fresh objects, continue: same as never stopping
+        assert torch.equal(a["resumed"], a["final"]) and torch.equal(b["resumed"], b["final"])
