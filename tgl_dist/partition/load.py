@@ -1,0 +1,189 @@
+"""``partition_load``: read the calling rank's part of a partitioned graph.
+
+Every file the rank reads (its ``part_<r>/`` and ``book.pt``) is checked against
+the manifest's size and SHA-256 before it is unpickled; a partition written for
+another world size, an unknown format version or a corrupt/truncated file is
+refused with a :class:`~tgl_dist.errors.PartitionError` that says what to do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Union
+
+import torch
+from torch import Tensor
+
+from tgl_dist.dist import PartitionBook, world
+from tgl_dist.errors import PartitionError
+from tgl_dist.partition.storage import MANIFEST, read_manifest, verify_files
+
+OptTensor = Optional[Tensor]
+
+
+@dataclass
+class SampleGraph:
+    """Every event with its source or destination owned by this rank (chronological).
+
+    The neighbourhoods of the owned nodes, as the partitioned neighbour sampler needs them.
+
+    Shapes:
+        S: number of events touching an owned node.
+
+    Attributes:
+        src, dst: endpoints, global ids, shape ``[S]``, int64.
+        t: times, shape ``[S]``, float64.
+        eid: event ids, shape ``[S]``, int64.
+    """
+
+    src: Tensor
+    dst: Tensor
+    t: Tensor
+    eid: Tensor
+
+    @property
+    def num_events(self) -> int:
+        return int(self.src.numel())
+
+
+class PartitionData:
+    """One rank's part of a partitioned temporal graph (returned by :func:`partition_load`).
+
+    Shapes:
+        N / E: global node / event counts; n: owned nodes; e: owned events
+        (events whose source is owned); F_n / F_e: feature sizes.
+
+    Attributes:
+        rank, num_parts: this part and the number of parts (= world size).
+        name, algo: dataset name and partitioning algorithm.
+        manifest: the parsed ``manifest.json``.
+        num_nodes, num_events: N and E (global).
+        book: node :class:`PartitionBook` (global id -> (owner, local row)), ``[N]``.
+        edge_book: event :class:`PartitionBook` (event position -> (owner, local row)), ``[E]``;
+            local rows are increasing eid, i.e. chronological.
+        ids: owned global node ids in local-row order, ``[n]``.
+        node_feat: owned node features ``[n, F_n]`` or ``None``.
+        edge_index: owned events ``[2, e]`` (global ids, row 0 = src, row 1 = dst).
+        edge_ts: their times ``[e]`` (float64); eids: their event ids ``[e]``.
+        edge_attr: their features ``[e, F_e]`` or ``None``; labels: ``[e]`` or ``None``.
+        train_mask, val_mask, test_mask, inductive_train_mask, new_node_val_mask,
+            new_node_test_mask: split masks over the owned events, ``[e]`` bool.
+        sample_graph: :class:`SampleGraph` of all events touching an owned node.
+        stats: partition statistics from the manifest.
+    """
+
+    def __init__(self, rank: int, manifest: Dict, book: PartitionBook, edge_book: PartitionBook,
+                 nodes: Dict, events: Dict, sample: Dict) -> None:
+        self.rank = rank
+        self.manifest = manifest
+        self.num_parts = int(manifest["num_parts"])
+        self.name = manifest["name"]
+        self.algo = manifest["algorithm"]
+        self.num_nodes = int(manifest["num_nodes"])
+        self.num_events = int(manifest["num_events"])
+        self.stats = manifest.get("stats", {})
+        self.book = book
+        self.edge_book = edge_book
+        self.ids: Tensor = nodes["ids"]
+        self.node_feat: OptTensor = nodes["node_feat"]
+        self.edge_index: Tensor = torch.stack([events["src"], events["dst"]])
+        self.edge_ts: Tensor = events["t"]
+        self.eids: Tensor = events["eid"]
+        self.edge_attr: OptTensor = events["edge_attr"]
+        self.labels: OptTensor = events["labels"]
+        masks = events["masks"]
+        empty = torch.zeros(self.eids.numel(), dtype=torch.bool)
+        self.train_mask: Tensor = masks.get("train", empty)
+        self.val_mask: Tensor = masks.get("val", empty)
+        self.test_mask: Tensor = masks.get("test", empty)
+        self.inductive_train_mask: Tensor = masks.get("inductive_train", empty)
+        self.new_node_val_mask: Tensor = masks.get("new_node_val", empty)
+        self.new_node_test_mask: Tensor = masks.get("new_node_test", empty)
+        self.sample_graph = SampleGraph(**sample)
+
+    @property
+    def num_local_nodes(self) -> int:
+        """n, the number of owned nodes."""
+        return int(self.ids.numel())
+
+    @property
+    def num_local_events(self) -> int:
+        """e, the number of owned events."""
+        return int(self.eids.numel())
+
+    def __repr__(self) -> str:
+        return (f"PartitionData(name={self.name!r}, algo={self.algo!r}, rank={self.rank}/"
+                f"{self.num_parts}, nodes={self.num_local_nodes}/{self.num_nodes}, "
+                f"events={self.num_local_events}/{self.num_events})")
+
+
+def _existing(root: Path) -> str:
+    found = sorted(p.name for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []
+    return ", ".join(found) if found else "none"
+
+
+def _load(path: Path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # checksum matched but the payload is unreadable
+        raise PartitionError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+
+
+def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None,
+                   world_size: Optional[int] = None) -> PartitionData:
+    """Load this rank's part of ``root/<algo>_<world_size>``.
+
+    Args:
+        root: the dataset's partition folder ``OUT/<name>`` (as written by
+            ``python -m tgl_dist.partition --out OUT``).
+        algo: the algorithm the partition was written with (e.g. ``'metis_for_tgnn'``).
+        rank: which part to load (default: this process's rank, 0 without a process group).
+        world_size: number of parts expected (default: the world size, 1 without a process group).
+
+    Returns:
+        :class:`PartitionData` of part ``rank``.
+
+    Raises:
+        PartitionError: the folder is missing (lists the partitions that exist), its
+            manifest was written for another number of parts or algorithm, has an unknown
+            format version, or a file of this rank or ``book.pt`` fails its size/checksum check.
+    """
+    r0, w0 = world()
+    rank = r0 if rank is None else int(rank)
+    world_size = w0 if world_size is None else int(world_size)
+    if not 0 <= rank < world_size:
+        raise PartitionError(f"rank {rank} is outside [0, {world_size})")
+    root = Path(root)
+    folder = root / f"{algo}_{world_size}"
+    if not folder.is_dir():
+        where = f"{root} does not exist" if not root.is_dir() else f"partitions in {root}: {_existing(root)}"
+        raise PartitionError(f"{folder} not found ({where}); write it with `python -m "
+                             f"tgl_dist.partition --algo {algo} --num-parts {world_size} --out "
+                             f"{root.parent}`")
+    manifest = read_manifest(folder)
+    if int(manifest["num_parts"]) != world_size:
+        raise PartitionError(f"{folder / MANIFEST}: written for {manifest['num_parts']} parts, "
+                             f"but the world size is {world_size}; re-partition with "
+                             f"--num-parts {world_size}")
+    if manifest.get("algorithm") != algo:
+        raise PartitionError(f"{folder / MANIFEST}: algorithm is {manifest.get('algorithm')!r}, "
+                             f"expected {algo!r}")
+    for key in ("name", "num_nodes", "num_events"):
+        if key not in manifest:
+            raise PartitionError(f"{folder / MANIFEST}: missing key '{key}'")
+    part = f"part_{rank}/"
+    needed = ["book.pt"] + [part + f for f in ("nodes.pt", "events.pt", "sample_graph.pt")]
+    missing = [f for f in needed if f not in manifest["files"]]
+    if missing:
+        raise PartitionError(f"{folder / MANIFEST}: does not list {', '.join(missing)}")
+    verify_files(folder, manifest, prefix="book.pt")
+    verify_files(folder, manifest, prefix=part)
+    books = _load(folder / "book.pt")
+    node_owner, event_owner = books["node_owner"], books["event_owner"]
+    if node_owner.numel() != int(manifest["num_nodes"]) or event_owner.numel() != int(manifest["num_events"]):
+        raise PartitionError(f"{folder / 'book.pt'}: sizes {node_owner.numel()}/{event_owner.numel()} "
+                             f"do not match the manifest's num_nodes/num_events")
+    return PartitionData(rank, manifest, PartitionBook(node_owner, num_parts=world_size),
+                         PartitionBook(event_owner, num_parts=world_size),
+                         _load(folder / part / "nodes.pt"), _load(folder / part / "events.pt"),
+                         _load(folder / part / "sample_graph.pt"))
