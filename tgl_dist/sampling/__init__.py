@@ -1,0 +1,5 @@
+"""Sampling: temporal neighbour sampling into MFG blocks, negative sampling."""
+from tgl_dist.sampling.block import Block, Roots
+from tgl_dist.sampling.neighbor import NeighborSampler
+
+__all__ = ["Block", "Roots", "NeighborSampler"]
