@@ -172,14 +172,14 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
               f"{min_cols} or more" if max_cols < 0 else f"{min_cols} to {max_cols}")
     if C < min_cols or (max_cols >= 0 and C > max_cols):
         raise DataFormatError(path, f"expected {expect} fields ({', '.join(names)}), found {C}",
-                              line=int(line_no[0]))
+                              line=int(line_no[0]), field=name(C) if C < min_cols else None)
     bad = np.flatnonzero(ncols != C)
     if bad.size:
         r = int(bad[0])
         got = int(ncols[r])
-        missing = f"; field '{name(got)}' is missing" if got < C else ""
-        raise DataFormatError(path, f"expected {C} fields like line {int(line_no[0])}, found {got}{missing}",
-                              line=int(line_no[r]))
+        what = "missing" if got < C else "extra fields"
+        raise DataFormatError(path, f"expected {C} fields like line {int(line_no[0])}, found {got} ({what})",
+                              line=int(line_no[r]), field=name(got) if got < C else None)
     # the bytes of the kept lines: slices over runs of lines that are not comments/header
     drop = np.flatnonzero(comment)
     if drop.size == 0:

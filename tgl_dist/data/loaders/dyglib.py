@@ -79,8 +79,7 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
     if node_features and node_npy.is_file():
         nf = _load_npy(node_npy)
         N = nf.shape[0] - 1
-        _check_ids(tab, u, "u", N, node_npy)
-        _check_ids(tab, i, "i", N, node_npy)
+        _check_ids(tab, (u, i), ("u", "i"), N, node_npy)
         src, dst = torch.from_numpy(u - 1), torch.from_numpy(i - 1)
         node_map = torch.arange(1, N + 1, dtype=torch.long)
         node_feat = torch.from_numpy(np.ascontiguousarray(nf[1:], dtype=np.float32))
@@ -95,7 +94,7 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
             raise DataFormatError(edge_npy, f"edge feature file has {ef.shape[0]} rows, expected "
                                   f"{E + 1} ({E} events in {csv_path.name} + 1 padding row 0)",
                                   field="rows")
-        _check_ids(tab, idx, "idx", E, edge_npy)
+        _check_ids(tab, (idx,), ("idx",), E, edge_npy)
         edge_attr = torch.from_numpy(np.asarray(ef[idx], dtype=np.float32))
     log.info("read %s: %d events, %d nodes", csv_path, E, N)
     stem = csv_path.name[:-4]
@@ -114,10 +113,12 @@ def _load_npy(path: Path) -> np.ndarray:
     return a
 
 
-def _check_ids(tab: Table, ids: np.ndarray, field: str, n: int, npy: Path) -> None:
-    """Ids must lie in ``1..n`` (row 0 of the feature file is padding)."""
-    bad = (ids < 1) | (ids > n)
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise tab.error(r, field, f"id {int(ids[r])} outside 1..{n} (the rows of {npy.name}, "
+def _check_ids(tab: Table, cols, fields, n: int, npy: Path) -> None:
+    """Ids must lie in ``1..n`` (row 0 of the feature file is padding); reports the first bad row."""
+    bad = np.stack([(c < 1) | (c > n) for c in cols], axis=1)      # [R, len(cols)]
+    rows = np.flatnonzero(bad.any(axis=1))
+    if rows.size:
+        r = int(rows[0])
+        k = int(np.flatnonzero(bad[r])[0])
+        raise tab.error(r, fields[k], f"id {int(cols[k][r])} outside 1..{n} (the rows of {npy.name}, "
                         "row 0 being padding)")

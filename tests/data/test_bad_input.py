@@ -1,0 +1,196 @@
+"""Bad input: one clear DataFormatError naming the file, the line (or row) and the field."""
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tgl_dist.data import (DatasetNotFoundError, load_dataset, load_dyglib, load_jodie, load_konect,
+                           load_pyg, load_snap, load_snap_signed)
+from tgl_dist.data.loaders import require_keys
+from tgl_dist.errors import DataFormatError, TGLDistError
+
+
+def write(path, text, gz=False):
+    path.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+    return path
+
+
+def check(exc_info, path, line, field):
+    e = exc_info.value
+    assert e.path == str(path) and e.line == line and e.field == field, (e.path, e.line, e.field, str(e))
+    assert str(path) in str(e)
+    if line is not None:
+        assert f"line {line}" in str(e)
+    if field is not None:
+        assert f"'{field}'" in str(e)
+
+
+JODIE_HEAD = "user_id,item_id,timestamp,state_label\n"
+
+
+def test_malformed_line_wrong_column_count(tmp_path):
+    p = write(tmp_path / "w.csv", JODIE_HEAD + "0,0,1.0,0\n1,1,2.0\n2,2,3.0,0\n")
+    with pytest.raises(DataFormatError, match="expected 4 fields") as ei:
+        load_jodie(p)
+    check(ei, p, 3, "state_label")
+
+
+def test_malformed_line_extra_field_snap(tmp_path):
+    p = write(tmp_path / "e.txt", "1 2 3\n4 5 6\n7 8 9 10\n")
+    with pytest.raises(DataFormatError, match="found 4") as ei:
+        load_snap(p)
+    check(ei, p, 3, None)
+
+
+def test_empty_field_is_a_missing_field(tmp_path):
+    p = write(tmp_path / "out.x", "% h\n1,2,1,5\n1,,1,6\n")
+    with pytest.raises(DataFormatError) as ei:
+        load_konect(p, check_header=False)
+    check(ei, p, 3, "time")
+
+
+def test_non_numeric_id(tmp_path):
+    p = write(tmp_path / "e.txt.gz", "# c\n1 2 3\n4 alice 6\n", gz=True)
+    with pytest.raises(DataFormatError, match="'alice' is not a number") as ei:
+        load_snap(p)
+    check(ei, p, 3, "dst")
+
+
+def test_non_integer_and_negative_ids(tmp_path):
+    p = write(tmp_path / "s.csv", "1,2,1,10\n1.5,2,1,11\n")
+    with pytest.raises(DataFormatError, match="non-negative integer") as ei:
+        load_snap_signed(p)
+    check(ei, p, 2, "SOURCE")
+    p = write(tmp_path / "n.txt", "1 2 3\n-4 5 6\n")
+    with pytest.raises(DataFormatError, match="non-negative integer") as ei:
+        load_snap(p)
+    check(ei, p, 2, "src")
+
+
+@pytest.mark.parametrize("bad,what", [("nan", "NaN"), ("-5", "negative"), ("inf", "infinite")])
+def test_nan_or_negative_timestamp(tmp_path, bad, what):
+    p = write(tmp_path / "w.csv", JODIE_HEAD + f"0,0,1.0,0\n1,1,{bad},0\n")
+    with pytest.raises(DataFormatError, match=what) as ei:
+        load_jodie(p)
+    check(ei, p, 3, "timestamp")
+
+
+def test_nan_timestamp_konect_time_column(tmp_path):
+    p = write(tmp_path / "out.t", "% x\n1 2 1 5\n2 3 1 NaN\n")
+    with pytest.raises(DataFormatError, match="NaN") as ei:
+        load_konect(p)
+    check(ei, p, 3, "time")
+
+
+def dyglib_files(tmp_path, edge_rows=4, node_rows=4):
+    write(tmp_path / "ml_d.csv", ",u,i,ts,label,idx\n0,1,2,1,0,1\n1,2,3,2,0,2\n2,3,1,3,0,3\n")
+    np.save(tmp_path / "ml_d.npy", np.zeros((edge_rows, 2)))
+    np.save(tmp_path / "ml_d_node.npy", np.zeros((node_rows, 2)))
+    return tmp_path / "ml_d.csv"
+
+
+def test_edge_feature_rows_do_not_match_edges(tmp_path):
+    csv = dyglib_files(tmp_path, edge_rows=3)
+    with pytest.raises(DataFormatError, match="has 3 rows, expected 4") as ei:
+        load_dyglib(csv)
+    check(ei, tmp_path / "ml_d.npy", None, "rows")
+
+
+def test_node_feature_rows_too_few_for_ids(tmp_path):
+    csv = dyglib_files(tmp_path, node_rows=3)
+    with pytest.raises(DataFormatError, match="outside 1..2") as ei:
+        load_dyglib(csv)
+    check(ei, csv, 3, "i")                 # line 3 holds node id 3
+
+
+def test_dyglib_header_lacks_column(tmp_path):
+    p = write(tmp_path / "ml_h.csv", ",u,i,time,label,idx\n0,1,2,1,0,1\n")
+    with pytest.raises(DataFormatError, match="lacks column 'ts'") as ei:
+        load_dyglib(p)
+    check(ei, p, 1, "ts")
+
+
+def test_json_missing_key(tmp_path):
+    p = tmp_path / "snap.json"
+    obj = {"edges": [[0, 1]], "node_ids": {"a": 0}}
+    p.write_text(json.dumps(obj))
+    with pytest.raises(DataFormatError, match="missing required key") as ei:
+        require_keys(json.loads(p.read_text()), ["edges", "node_ids", "FX"], p)
+    check(ei, p, None, "FX")
+    require_keys(obj, ["edges", "node_ids"], p)                  # present keys: no error
+    with pytest.raises(DataFormatError, match="in snapshot 3"):
+        require_keys({"index": 3}, ["X"], p, where="snapshot 3")
+    with pytest.raises(DataFormatError, match="expected a JSON object"):
+        require_keys([1, 2], ["X"], p)
+
+
+def test_pyg_dict_file_missing_key(tmp_path):
+    p = tmp_path / "d.pt"
+    torch.save({"src": torch.tensor([0]), "dst": torch.tensor([1])}, p)
+    with pytest.raises(DataFormatError) as ei:
+        load_pyg(p)
+    check(ei, p, None, "t")
+
+
+def test_pyg_not_a_temporaldata(tmp_path):
+    p = tmp_path / "x.pt"
+    p.write_bytes(b"not a torch file")
+    with pytest.raises(DataFormatError, match="cannot read it"):
+        load_pyg(p)
+
+
+def test_konect_without_time_column_and_truncated_file(tmp_path):
+    p = write(tmp_path / "out.static", "% sym\n1 2\n2 3\n")
+    with pytest.raises(DataFormatError, match="not a temporal network") as ei:
+        load_konect(p)
+    check(ei, p, 2, "time")
+    p = write(tmp_path / "out.cut", "% sym\n% 5 3 3\n1 2 1 1\n2 3 1 2\n")
+    with pytest.raises(DataFormatError, match="header says 5 edges but the file has 2"):
+        load_konect(p)
+    assert load_konect(p, check_header=False).num_events == 2
+
+
+def test_no_rows_and_bad_gzip(tmp_path):
+    p = write(tmp_path / "e.txt", "# only comments\n\n")
+    with pytest.raises(DataFormatError, match="no data rows"):
+        load_snap(p)
+    p = tmp_path / "e.txt.gz"
+    p.write_bytes(gzip.compress(b"1 2 3\n" * 100)[:30])
+    with pytest.raises(DataFormatError, match="gzip"):
+        load_snap(p)
+
+
+def test_error_is_one_line_not_a_numpy_trace(tmp_path):
+    p = write(tmp_path / "e.txt", "1 2 3\n" * 1000 + "1 2 x3\n")
+    with pytest.raises(DataFormatError) as ei:
+        load_snap(p)
+    assert str(ei.value) == f"{p}, line 1001, field 'time': 'x3' is not a number"
+    assert ei.value.__cause__ is None and ei.value.__suppress_context__
+
+
+def test_unknown_format_and_uninferable_file(tmp_path):
+    p = write(tmp_path / "five.txt", "1 2 3 4 5\n")
+    with pytest.raises(DataFormatError, match="cannot infer the format"):
+        load_dataset(p)
+    with pytest.raises(ValueError, match="known formats"):
+        load_dataset(p, format="parquet")
+
+
+def test_missing_dataset_says_what_to_put_where(tmp_path):
+    with pytest.raises(DatasetNotFoundError) as ei:
+        load_dataset("bitcoin-alpha", root=tmp_path, download=False)
+    msg = str(ei.value)
+    assert "soc-sign-bitcoinalpha.csv.gz" in msg and str(tmp_path / "bitcoin_alpha") in msg
+    assert "https://snap.stanford.edu/data/soc-sign-bitcoinalpha.csv.gz" in msg
+    assert isinstance(ei.value, FileNotFoundError) and isinstance(ei.value, TGLDistError)
+    assert not any(tmp_path.iterdir())                          # nothing written
+    with pytest.raises(DatasetNotFoundError, match="ml_uci.npy, ml_uci_node.npy"):
+        load_dataset("uci", root=tmp_path, download=False)
+    with pytest.raises(DatasetNotFoundError, match="out.facebook-wosn-wall"):
+        load_dataset("facebook_wall", root=tmp_path, download=False)
+    with pytest.raises(DatasetNotFoundError, match="no such file"):
+        load_dataset(tmp_path / "nope.csv")
+    with pytest.raises(ValueError, match="known names: .*wikipedia"):
+        load_dataset("no-such-dataset", root=tmp_path, download=False)
