@@ -1,0 +1,66 @@
+"""``python -m tgl_dist.partition``: help and a run on synthetic data (subprocesses), errors (in process)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tgl_dist.partition import partition_load
+from tgl_dist.partition.__main__ import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "tgl_dist.partition", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd or REPO, timeout=120)
+
+
+def test_help():
+    r = _cli("--help")
+    assert r.returncode == 0
+    for opt in ("--data", "--format", "--root", "--num-parts", "--algo", "--out", "--force",
+                "--seed", "--num-nodes", "--num-events"):
+        assert opt in r.stdout
+    assert "metis_for_tgnn" in r.stdout and "random" in r.stdout
+
+
+def test_run_on_synthetic(tmp_path):
+    args = ("--data", "synthetic", "--num-nodes", "300", "--num-events", "3000", "--num-parts", "2",
+            "--algo", "metis_for_tgnn", "--out", str(tmp_path))
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["num_parts"] == 2 and summary["num_events"] == 3000 and summary["algo"] == "metis_for_tgnn"
+    assert sum(summary["events_per_part"]) == 3000 and 0 <= summary["edge_cut"] < 1
+    for key in ("balance_nodes", "balance_events", "replication", "seconds"):
+        assert key in summary
+    assert "edge_cut" in r.stdout and "part" in r.stdout          # the summary table
+    assert "metis_for_tgnn P=2" in r.stderr                        # the progress bar
+    path = Path(summary["path"])
+    assert path == tmp_path / "synthetic" / "metis_for_tgnn_2"
+    assert partition_load(path.parent, "metis_for_tgnn", rank=1, world_size=2).num_events == 3000
+
+
+def test_existing_output_needs_force(tmp_path, capsys):
+    args = ["--data", "synthetic", "--num-nodes", "200", "--num-events", "1000", "--num-parts", "2",
+            "--algo", "hash", "--out", str(tmp_path), "--quiet"]
+    assert main(args) == 0
+    assert main(args) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(args + ["--force"]) == 0
+
+
+def test_unknown_algorithm_is_an_error(tmp_path, capsys):
+    assert main(["--data", "synthetic", "--num-parts", "2", "--algo", "fennel", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown partitioning algorithm 'fennel'" in err
+    assert "hash, metis, metis_for_tgnn, random" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_dataset_is_an_error(tmp_path, capsys):
+    assert main(["--data", str(tmp_path / "nope.csv"), "--num-parts", "2", "--out", str(tmp_path / "o")]) == 2
+    assert "nope.csv" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,176 @@
+"""On-disk partitions: invariants of what is written, atomic writes, ``partition_load`` and its refusals."""
+import json
+
+import pytest
+import torch
+
+from tgl_dist.data import TemporalGraph
+from tgl_dist.errors import PartitionError
+from tgl_dist.partition import partition_graph, partition_load
+from tgl_dist.partition import writer as writer_mod
+
+ALGOS = ["random", "hash", "metis", "metis_for_tgnn"]
+MASKS = ["train", "val", "test", "inductive_train", "new_node_val", "new_node_test"]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_written_partition_invariants(algo, toy_graph, tmp_path):
+    g, P = toy_graph, 3
+    path = partition_graph(g, P, algo, tmp_path, seed=1)
+    assert path == tmp_path / "toy" / f"{algo}_{P}"
+    parts = [partition_load(path.parent, algo, rank=r, world_size=P) for r in range(P)]
+    book = parts[0].book
+    owner = book.owner.long()
+    # each node exactly one owner; book round trip
+    ids = torch.cat([p.ids for p in parts])
+    assert torch.equal(torch.sort(ids).values, torch.arange(g.num_nodes))
+    for r, p in enumerate(parts):
+        assert torch.equal(p.ids, book.owned_ids(r))
+        assert torch.equal(p.ids, torch.nonzero(owner == r).view(-1))      # increasing global id
+        assert bool((book.to_owner(p.ids) == r).all())
+        assert torch.equal(book.to_local(p.ids), torch.arange(p.ids.numel()))
+        assert torch.equal(p.node_feat, g.node_feat[p.ids])
+    # each event in exactly one part: the part owning its source, in chronological order
+    eids = torch.cat([p.eids for p in parts])
+    assert torch.equal(torch.sort(eids).values, g.eid)
+    for r, p in enumerate(parts):
+        mine = torch.nonzero(owner[g.src] == r).view(-1)
+        assert torch.equal(p.eids, g.eid[mine])
+        assert torch.equal(p.edge_index, torch.stack([g.src[mine], g.dst[mine]]))
+        assert torch.equal(p.edge_ts, g.t[mine]) and p.edge_ts.dtype == torch.float64
+        assert bool((p.edge_ts[1:] >= p.edge_ts[:-1]).all())
+        assert torch.equal(p.edge_attr, g.edge_attr[mine]) and torch.equal(p.labels, g.labels[mine])
+        for m in MASKS:
+            assert torch.equal(getattr(p, f"{m}_mask"), g.masks[m][mine]), m
+        assert torch.equal(p.edge_book.owned_ids(r), mine)
+        assert bool((p.edge_book.to_owner(mine) == r).all())
+        # sample graph: exactly the events touching an owned node
+        touch = torch.nonzero((owner[g.src] == r) | (owner[g.dst] == r)).view(-1)
+        sg = p.sample_graph
+        assert torch.equal(sg.eid, g.eid[touch]) and torch.equal(sg.src, g.src[touch])
+        assert torch.equal(sg.dst, g.dst[touch]) and torch.equal(sg.t, g.t[touch])
+    m = parts[0].manifest
+    assert (m["algorithm"], m["num_parts"], m["num_nodes"], m["num_events"]) == (algo, P, g.num_nodes, g.num_events)
+    assert (m["edge_feat_dim"], m["node_feat_dim"], m["fingerprint"]) == (3, 2, g.fingerprint())
+    assert sum(m["stats"]["events_per_part"]) == g.num_events
+    assert parts[1].stats == m["stats"] and parts[1].num_parts == P and parts[1].rank == 1
+
+
+def test_partition_without_features(make_graph, tmp_path):
+    g = make_graph()
+    g.edge_attr = g.node_feat = g.labels = None
+    p = partition_load(partition_graph(g, 2, "hash", tmp_path).parent, "hash", rank=0, world_size=2)
+    assert p.edge_attr is None and p.node_feat is None and p.labels is None
+    assert p.manifest["edge_feat_dim"] == 0
+
+
+def test_existing_output_needs_force(toy_graph, tmp_path):
+    path = partition_graph(toy_graph, 2, "random", tmp_path, seed=0)
+    before = (path / "manifest.json").read_text()
+    with pytest.raises(FileExistsError, match="--force"):
+        partition_graph(toy_graph, 2, "random", tmp_path, seed=5)
+    assert (path / "manifest.json").read_text() == before
+    partition_graph(toy_graph, 2, "random", tmp_path, seed=5, force=True)
+    assert json.loads((path / "manifest.json").read_text())["seed"] == 5
+    assert sorted(x.name for x in path.parent.iterdir()) == ["random_2"]   # no temporaries left
+
+
+def test_failed_write_leaves_nothing(toy_graph, tmp_path, monkeypatch):
+    calls = []
+    real = writer_mod.save_tensors
+
+    def failing(path, obj):
+        calls.append(path)
+        if len(calls) == 4:
+            raise OSError("disk full")
+        real(path, obj)
+
+    monkeypatch.setattr(writer_mod, "save_tensors", failing)
+    with pytest.raises(OSError, match="disk full"):
+        partition_graph(toy_graph, 2, "metis", tmp_path)
+    assert list((tmp_path / "toy").iterdir()) == []
+
+
+def test_failed_forced_rewrite_keeps_old_output(toy_graph, tmp_path, monkeypatch):
+    path = partition_graph(toy_graph, 2, "hash", tmp_path)
+    monkeypatch.setattr(writer_mod, "save_tensors", lambda p, o: (_ for _ in ()).throw(OSError("boom")))
+    with pytest.raises(OSError):
+        partition_graph(toy_graph, 2, "hash", tmp_path, force=True)
+    assert partition_load(path.parent, "hash", rank=1, world_size=2).num_parts == 2
+
+
+def test_bad_num_parts(toy_graph, tmp_path):
+    for bad in (0, -1, 2.0, toy_graph.num_nodes + 1):
+        with pytest.raises(ValueError, match="num_parts"):
+            partition_graph(toy_graph, bad, "hash", tmp_path)
+
+
+# ------------------------------------------------------------------ refusals
+@pytest.fixture
+def written(toy_graph, tmp_path):
+    return partition_graph(toy_graph, 2, "metis", tmp_path)
+
+
+def test_load_missing_folder_lists_existing(written):
+    with pytest.raises(PartitionError, match=r"metis_3 not found .*partitions in .*: metis_2"):
+        partition_load(written.parent, "metis", rank=0, world_size=3)
+    with pytest.raises(PartitionError, match="random_2 not found"):
+        partition_load(written.parent, "random", rank=0, world_size=2)
+    with pytest.raises(PartitionError, match="does not exist"):
+        partition_load(written.parent / "nope", "metis", rank=0, world_size=2)
+
+
+def test_load_wrong_world_size(written):
+    moved = written.parent / "metis_4"        # a folder whose manifest says P=2
+    written.rename(moved)
+    with pytest.raises(PartitionError, match="written for 2 parts, but the world size is 4"):
+        partition_load(written.parent, "metis", rank=0, world_size=4)
+
+
+def test_load_default_world_is_one(written):
+    with pytest.raises(PartitionError, match="metis_1 not found"):
+        partition_load(written.parent, "metis")
+
+
+def test_load_unknown_format_version(written):
+    mpath = written / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["format_version"] = 99
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(PartitionError, match="format_version 99 is not supported"):
+        partition_load(written.parent, "metis", rank=0, world_size=2)
+
+
+def test_load_truncated_file(written):
+    f = written / "part_1" / "events.pt"
+    f.write_bytes(f.read_bytes()[:-10])
+    with pytest.raises(PartitionError, match=r"events.pt: size \d+ bytes, manifest says \d+ \(truncated"):
+        partition_load(written.parent, "metis", rank=1, world_size=2)
+    partition_load(written.parent, "metis", rank=0, world_size=2)   # rank 0's files are intact
+
+
+@pytest.mark.parametrize("rel", ["part_0/nodes.pt", "book.pt", "part_0/sample_graph.pt"])
+def test_load_corrupted_file(written, rel):
+    f = written / rel
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(PartitionError, match="checksum mismatch"):
+        partition_load(written.parent, "metis", rank=0, world_size=2)
+
+
+def test_load_missing_manifest(written):
+    (written / "manifest.json").unlink()
+    with pytest.raises(PartitionError, match="manifest.json not found"):
+        partition_load(written.parent, "metis", rank=0, world_size=2)
+
+
+def test_part_without_events(tmp_path):
+    # hash, P=2: every source is even, so part 1 owns nodes but no events
+    g = TemporalGraph(torch.tensor([0, 2, 4, 2]), torch.tensor([1, 3, 5, 5]),
+                      torch.tensor([1.0, 2.0, 3.0, 4.0]), name="even")
+    root = partition_graph(g, 2, "hash", tmp_path).parent
+    p1 = partition_load(root, "hash", rank=1, world_size=2)
+    assert p1.num_local_events == 0 and p1.edge_index.shape == (2, 0)
+    assert p1.edge_book.num_parts == 2 and p1.edge_book.owned_ids(1).numel() == 0
+    assert p1.sample_graph.num_events == 4 and torch.equal(p1.ids, torch.tensor([1, 3, 5]))
