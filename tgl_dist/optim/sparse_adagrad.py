@@ -53,8 +53,8 @@ class SparseAdagrad(SparseOptimizer):
 
     def update(self, emb: DistEmbedding, rows: Tensor, grad: Tensor,
                state: Dict[str, Tensor]) -> None:
-        s = state["sum"][rows] + grad * grad
-        state["sum"][rows] = s
-        std = s.sqrt().add_(self.eps)
-        w = emb.weight
-        w[rows] = w[rows] - self.lr * (grad / std)
+        acc = state["sum"]
+        s = acc.index_select(0, rows).add_(grad * grad)
+        acc.index_copy_(0, rows, s)
+        std = s.sqrt_().add_(self.eps)
+        emb.weight.index_add_(0, rows, (grad / std).mul_(-self.lr))

@@ -82,8 +82,9 @@ class SparseAdam(SparseOptimizer):
                state: Dict[str, Tensor]) -> None:
         beta1, beta2 = self.betas
         if self.step_count == "row":
-            state["step"][rows] += 1
-            t = state["step"][rows].to(torch.float64)
+            step = state["step"]
+            step.index_add_(0, rows, torch.ones_like(rows, dtype=step.dtype))
+            t = step.index_select(0, rows).to(torch.float64)
             bc1 = 1.0 - torch.pow(beta1, t)
             bc2 = 1.0 - torch.pow(beta2, t)
             step_size = (self.lr * bc2.sqrt() / bc1).to(grad.dtype).view(-1, 1)
@@ -91,13 +92,15 @@ class SparseAdam(SparseOptimizer):
             t = int(state["step"])
             step_size = self.lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
         exp_avg, exp_avg_sq, w = state["exp_avg"], state["exp_avg_sq"], emb.weight
-        old_m = exp_avg[rows]
+        # index_select / index_copy_ / index_add_: row gathers and scatters, several times
+        # faster than advanced indexing; ``rows`` are unique, so index_add_ is an update.
+        old_m = exp_avg.index_select(0, rows)
         upd_m = (grad - old_m).mul_(1.0 - beta1)
-        old_v = exp_avg_sq[rows]
+        old_v = exp_avg_sq.index_select(0, rows)
         upd_v = (grad * grad).sub_(old_v).mul_(1.0 - beta2)
-        numer = upd_m + old_m
-        v = upd_v + old_v
-        exp_avg[rows] = numer
-        exp_avg_sq[rows] = v
+        numer = upd_m.add_(old_m)
+        v = upd_v.add_(old_v)
+        exp_avg.index_copy_(0, rows, numer)
+        exp_avg_sq.index_copy_(0, rows, v)
         denom = v.sqrt().add_(self.eps)
-        w[rows] = w[rows] + (-step_size) * numer.div_(denom)
+        w.index_add_(0, rows, numer.div_(denom).mul_(-step_size))
