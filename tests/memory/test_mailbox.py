@@ -1,0 +1,182 @@
+"""SharedMailBox: duplicates, ring buffer, mean, and 2 ranks == 1 process exactly."""
+import pytest
+import torch
+
+from tgl_dist.dist import PartitionBook
+from tgl_dist.memory import SharedMailBox, latest_per_key
+from tgl_dist.sampling.block import Block, Roots
+from tgl_dist.testing import run_distributed
+
+N, D_MEM, D_E = 12, 4, 2
+OWNER = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 0])
+
+
+def test_latest_per_key_ties_and_order():
+    keys = torch.tensor([4, 2, 4, 2, 7])
+    ts = torch.tensor([1.0, 5.0, 1.0, 3.0, 0.0])
+    assert latest_per_key(keys, ts).tolist() == [1, 2, 4]
+    assert latest_per_key(torch.zeros(0, dtype=torch.long), torch.zeros(0)).numel() == 0
+
+
+def _mb(book=None, n=N, K=1, deliver="self", combine="last"):
+    p = dict(dim_out=D_MEM, mailbox_size=K, deliver_to=deliver, mail_combine=combine)
+    return SharedMailBox(n, p, D_E, partition_book=book)
+
+
+def test_update_picks_latest_event_and_interleaves_ties():
+    mb = _mb()
+    # events at the same time t=1: (0 -> 1) then (1 -> 2): node 1 is v_1 then u_2; u_2 is later
+    roots = Roots(nodes=torch.tensor([0, 1, 1, 2]), ts=torch.ones(4, dtype=torch.float64),
+                  eids=torch.arange(2), src=torch.tensor([0, 1]), dst=torch.tensor([1, 2]),
+                  t=torch.ones(2, dtype=torch.float64))
+    mem = torch.arange(16.0).view(4, 4)
+    ef = torch.tensor([[10.0, 11.0], [20.0, 21.0]])
+    mb.update(mem, roots, torch.tensor([0, 1]), torch.tensor([2, 3]), ef)
+    assert mb.mailbox[1, 0].tolist() == mem[1].tolist() + mem[3].tolist() + [20.0, 21.0]
+    assert mb.mailbox[2, 0].tolist() == mem[3].tolist() + mem[1].tolist() + [20.0, 21.0]
+    assert mb.mail_ts[:3, 0].tolist() == [1.0, 1.0, 1.0]
+    assert mb.memory_ts[:3].tolist() == [1.0, 1.0, 1.0]
+    # memory of node 1: the later occurrence u_2 (row 1) wins the tie
+    assert mb.memory[1].tolist() == mem[1].tolist()
+
+
+def test_ring_buffer_and_mean():
+    mb = _mb(K=2)
+    idx = torch.tensor([3, 3, 5])
+    mail = torch.arange(30.0).view(3, 10)
+    for step in range(3):
+        i, m, ts = mb.get_update_mail(idx, torch.tensor([0]), torch.tensor([2]),
+                                      torch.tensor([float(step)]), torch.zeros(1, 2),
+                                      torch.full((3, 4), float(step)))
+        mb.set_mailbox_all_to_all(i, None, None, m, ts)
+    assert mb.next_mail_pos[3].item() == 1
+    assert mb.mail_ts[3].tolist() == [2.0, 1.0]
+    mbm = _mb(combine="mean")
+    mbm.set_mailbox_all_to_all(torch.tensor([4, 4, 6]), None, None, torch.tensor(
+        [[1.0] * 10, [3.0] * 10, [5.0] * 10]), torch.tensor([1.0, 3.0, 2.0]), reduce_Op="mean")
+    assert mbm.mailbox[4, 0].tolist() == [2.0] * 10 and mbm.mail_ts[4, 0].item() == 2.0
+    assert mbm.mailbox[6, 0].tolist() == [5.0] * 10
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="mail_combine"):
+        _mb(combine="first")
+    with pytest.raises(ValueError, match="owned"):
+        _mb(book=PartitionBook(torch.zeros(N, dtype=torch.long)), n=5)
+    with pytest.raises(ValueError, match="parts"):
+        _mb(book=PartitionBook(OWNER), n=6)
+    with pytest.raises(ValueError, match="reduce_Op"):
+        _mb().set_mailbox_all_to_all(torch.tensor([0]), None, None, None, None, reduce_Op="sum")
+
+
+# ---------------------------------------------------------------- 2 ranks vs 1 process
+def _stream(steps=6, per_rank=5, ties=True, seed=0):
+    """Per step and rank: (src, dst, t, edge_feat, neighbours) with a deterministic generator."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in range(steps):
+        step = []
+        for r in range(2):
+            src = torch.randint(0, N, (per_rank,), generator=g)
+            dst = torch.randint(0, N, (per_rank,), generator=g)
+            if ties:
+                t = s * 10 + torch.randint(0, 3, (per_rank,), generator=g).sort().values.double()
+            else:
+                t = s * 10 + (r * per_rank + torch.arange(per_rank)).double() * 0.1
+            ef = torch.randn(per_rank, D_E, generator=g)
+            nb = torch.randint(0, N, (2 * per_rank, 2), generator=g)  # 2 neighbours per pos root
+            step.append((src, dst, t, ef, nb))
+        out.append(step)
+    return out
+
+
+def _fake_updater(mem, mem_ts, mail, ts):
+    """A deterministic 'memory updater': a fixed function of the fetched state."""
+    m = mail.reshape(mail.size(0), -1)
+    return torch.tanh(mem + 0.5 * m[:, :D_MEM] - 0.25 * m[:, D_MEM:2 * D_MEM]
+                      + 0.01 * (ts - mem_ts).float().view(-1, 1) + m[:, -1:])
+
+
+def _run_steps(mb, events_per_step, deliver):
+    for src, dst, t, ef, nb in events_per_step:
+        B = src.numel()
+        nodes = torch.cat([src, dst])
+        ts = torch.cat([t, t])
+        M = nb.numel()
+        e_dst = torch.arange(2 * B).repeat_interleave(2)
+        block = Block({"ID": torch.cat([nodes, nb.reshape(-1)]),
+                       "ts": torch.cat([ts, ts[e_dst]])},
+                      {"dt": torch.ones(M)}, torch.stack([torch.arange(2 * B, 2 * B + M), e_dst]),
+                      2 * B)
+        mb.prepare_input([block])
+        sd = block.srcdata
+        s_hat = _fake_updater(sd["mem"], sd["mem_ts"], sd["mail"], sd["ts"])
+        roots = Roots(nodes=nodes, ts=ts, eids=torch.arange(B), src=src, dst=dst, t=t)
+        mb.update(s_hat, roots, torch.arange(B), torch.arange(B, 2 * B), ef,
+                  block=block if deliver == "neighbors" else None)
+
+
+def _dist_worker(K, deliver, ties):
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    book = PartitionBook(OWNER)
+    mb = _mb(book, n=int(book.counts[ctx.rank]), K=K, deliver=deliver)
+    _run_steps(mb, [step[ctx.rank] for step in _stream(ties=ties)], deliver)
+    # numpy arrays pickle by value (tensors would travel as shared-memory handles)
+    return tuple(x.numpy().copy() for x in (book.owned_ids(ctx.rank), mb.memory, mb.memory_ts,
+                                            mb.mailbox, mb.mail_ts, mb.next_mail_pos))
+
+
+def _reference(K, deliver, ties):
+    mb = _mb(K=K, deliver=deliver)
+    steps = []
+    for step in _stream(ties=ties):
+        cat = [torch.cat([step[0][i], step[1][i]]) for i in range(4)]
+        B = step[0][0].numel()  # neighbour rows follow the roots: [src | dst] of both ranks
+        nb0, nb1 = step[0][4], step[1][4]
+        cat.append(torch.cat([nb0[:B], nb1[:B], nb0[B:], nb1[B:]]))
+        steps.append(tuple(cat))
+    _run_steps(mb, steps, deliver)
+    return mb
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("K,deliver,ties", [(1, "self", True), (3, "self", True),
+                                            (2, "neighbors", False)])
+def test_two_ranks_equal_one_process(K, deliver, ties):
+    ref = _reference(K, deliver, ties)
+    assert float(ref.memory.abs().sum()) > 0
+    res = run_distributed(_dist_worker, 2, K, deliver, ties)
+    seen = torch.zeros(N, dtype=torch.bool)
+    for arrays in res:
+        ids, mem, mts, mail, mailts, pos = map(torch.from_numpy, arrays)
+        assert mem.size(0) == ids.numel() == int((OWNER == (0 if not seen.any() else 1)).sum())
+        assert torch.equal(mem, ref.memory[ids])
+        assert torch.equal(mts, ref.memory_ts[ids])
+        assert torch.equal(mail, ref.mailbox[ids])
+        assert torch.equal(mailts, ref.mail_ts[ids])
+        assert torch.equal(pos, ref.next_mail_pos[ids])
+        seen[ids] = True
+    assert bool(seen.all())
+
+
+def _visibility_worker():
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    book = PartitionBook(OWNER)
+    mb = _mb(book, n=int(book.counts[ctx.rank]))
+    before = mb.read(torch.arange(N))[1].clone()
+    if ctx.rank == 0:  # rank 0 alone writes node 2 (owned by rank 1) and node 0 (its own)
+        idx, mem, ts = torch.tensor([0, 2]), torch.ones(2, D_MEM), torch.tensor([7.0, 8.0])
+    else:
+        idx, mem, ts = torch.zeros(0, dtype=torch.long), torch.zeros(0, D_MEM), torch.zeros(0)
+    mb.set_mailbox_all_to_all(idx, mem, ts, None, None)
+    after = mb.read(torch.arange(N))[1]
+    return before.tolist(), after.tolist()
+
+
+@pytest.mark.distributed
+def test_writes_of_step_k_visible_to_every_rank_next_step():
+    for before, after in run_distributed(_visibility_worker, 2):
+        assert before == [0.0] * N
+        assert after[0] == 7.0 and after[2] == 8.0 and sum(after) == 15.0

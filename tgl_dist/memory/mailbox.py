@@ -1,0 +1,356 @@
+"""``SharedMailBox``: node memory and mailbox of the nodes this rank owns, kept in sync by all-to-all.
+
+State per owned node (algorithms.md §1), zeroed by :meth:`SharedMailBox.reset`::
+
+    memory        [n_owned, d_m]        float32
+    memory_ts     [n_owned]             float64   time of the last memory write
+    mailbox       [n_owned, K, d_mail]  float32   d_mail = 2 d_m + d_e
+    mail_ts       [n_owned, K]          float64
+    next_mail_pos [n_owned]             int64     ring-buffer pointer (moves only if K > 1)
+
+The Mailbox API (the names users of StarryGL / the reference docs know):
+
+* :meth:`prepare_input` (the loader calls it before yielding a batch): fetch the
+  state of every input node from its owner (one all-to-all) and attach it to the
+  input block as ``'mem'``, ``'mem_ts'``, ``'mail'``, ``'mail_ts'``.
+* :meth:`get_update_memory` / :meth:`get_update_mail`: build this step's updates,
+  one per node (the latest by timestamp).
+* :meth:`set_mailbox_all_to_all`: send every update to its owner, which resolves
+  duplicates from several ranks and writes.
+
+Semantics: within a step, memory is read (``prepare_input``) before the step's events
+are applied; the updates of step k are written on every owner during step k, so
+every rank reads them from step k + 1 on.
+
+Worked example (2 ranks, owners of nodes 0..3 = ``[0, 1, 0, 1]``)::
+
+    step k, rank 0 events (0 -> 1, t=5)      rank 1 events (3 -> 1, t=6)
+    get_update_memory: rank 0 -> nodes [0, 1] @ t 5; rank 1 -> nodes [1, 3] @ t 6
+    set_mailbox_all_to_all: rank 0 receives node 0 (from itself); rank 1 receives
+      node 1 twice (t 5 from rank 0, t 6 from rank 1: t 6 wins) and node 3
+    step k + 1: any rank reading node 1 sees memory_ts 6 and rank 1's mail
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Mapping, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from tgl_dist.dist import PartitionBook, Plan, fetch_rows, world
+from tgl_dist.memory.dedup import latest_per_key, mean_per_key
+from tgl_dist.sampling.block import Block, Roots
+
+log = logging.getLogger(__name__)
+
+
+def _param(p: Any, key: str, default=None):
+    if isinstance(p, Mapping):
+        return p.get(key, default)
+    return getattr(p, key, default)
+
+
+def _bits(x: Tensor) -> Tensor:
+    """float64 / int64 ``[n]`` -> its bits as float32 ``[n, 2]`` (exact, for packing payloads)."""
+    return x.contiguous().view(torch.float32).view(-1, 2)
+
+
+def _unbits(x: Tensor, dtype) -> Tensor:
+    return x.contiguous().view(dtype).view(-1)
+
+
+class SharedMailBox:
+    """Memory and mailbox of the owned nodes, read and written through all-to-all.
+
+    Args:
+        num_nodes: number of nodes this rank owns (``pdata.ids.shape[0]``); the whole
+            graph's node count in a world of one.
+        memory_param: the YAML ``memory`` section (dict or
+            :class:`tgl_dist.models.MemoryConfig`): ``dim_out`` (d_m),
+            ``mailbox_size`` (K, default 1), ``mail_combine`` (``'last'`` | ``'mean'``),
+            ``deliver_to`` (``'self'`` | ``'neighbors'``).
+        dim_edge_feat: d_e (0 when the events have no features).
+        partition_book: global id -> (owner, local row). ``None``: a world of one that
+            owns every node (local row = global id).
+        group: process group of the exchanges (``None`` = world).
+        device: where the state lives.
+    """
+
+    def __init__(self, num_nodes: int, memory_param: Any, dim_edge_feat: int = 0,
+                 partition_book: Optional[PartitionBook] = None, group=None,
+                 device="cpu") -> None:
+        self.rank, self.world_size = world(group)
+        self.group = group
+        self.book = partition_book
+        if partition_book is not None:
+            if partition_book.num_parts != self.world_size:
+                raise ValueError(f"partition book has {partition_book.num_parts} parts but the "
+                                 f"world has {self.world_size} ranks")
+            owned = int(partition_book.counts[self.rank])
+            if owned != num_nodes:
+                raise ValueError(f"num_nodes={num_nodes} but the partition book gives rank "
+                                 f"{self.rank} {owned} owned nodes")
+        elif self.world_size > 1:
+            raise ValueError("a SharedMailBox in a world of several ranks needs partition_book")
+        self.num_nodes = int(num_nodes)
+        self.dim_memory = int(_param(memory_param, "dim_out"))
+        self.mailbox_size = int(_param(memory_param, "mailbox_size", 1) or 1)
+        self.mail_combine = _param(memory_param, "mail_combine", "last") or "last"
+        self.deliver_to = _param(memory_param, "deliver_to", "self") or "self"
+        if self.mail_combine not in ("last", "mean"):
+            raise ValueError(f"memory.mail_combine must be 'last' or 'mean', got {self.mail_combine!r}")
+        if self.deliver_to not in ("self", "neighbors"):
+            raise ValueError(f"memory.deliver_to must be 'self' or 'neighbors', got {self.deliver_to!r}")
+        self.dim_edge_feat = int(dim_edge_feat or 0)
+        self.dim_mail = 2 * self.dim_memory + self.dim_edge_feat
+        self.device = torch.device(device)
+        n, K = self.num_nodes, self.mailbox_size
+        self.memory = torch.zeros(n, self.dim_memory, device=self.device)
+        self.memory_ts = torch.zeros(n, dtype=torch.float64, device=self.device)
+        self.mailbox = torch.zeros(n, K, self.dim_mail, device=self.device)
+        self.mail_ts = torch.zeros(n, K, dtype=torch.float64, device=self.device)
+        self.next_mail_pos = torch.zeros(n, dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Zero memory, mailbox and timestamps (every epoch start)."""
+        for t in (self.memory, self.memory_ts, self.mailbox, self.mail_ts, self.next_mail_pos):
+            t.zero_()
+
+    def state_dict(self) -> dict:
+        """This rank's shard (for checkpoints)."""
+        return {k: getattr(self, k).clone() for k in
+                ("memory", "memory_ts", "mailbox", "mail_ts", "next_mail_pos")}
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        for k, v in state.items():
+            cur = getattr(self, k)
+            if cur.shape != v.shape:
+                raise ValueError(f"mailbox state '{k}' has shape {tuple(v.shape)}, this rank "
+                                 f"holds {tuple(cur.shape)}")
+            cur.copy_(v)
+
+    def _local(self, ids: Tensor) -> Tensor:
+        return ids if self.book is None else self.book.to_local(ids)
+
+    # ------------------------------------------------------------------- read
+    def _rows(self, rows: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        return self.memory[rows], self.memory_ts[rows], self.mailbox[rows], self.mail_ts[rows]
+
+    def _serve(self, rows: Tensor) -> Tensor:
+        n = rows.numel()
+        mem, mts, mail, mailts = self._rows(rows)
+        return torch.cat([mem, _bits(mts), mail.reshape(n, -1),
+                          _bits(mailts.reshape(-1)).reshape(n, -1)], 1)
+
+    def read(self, global_ids: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """State of any nodes (a collective when the world has several ranks).
+
+        Args:
+            global_ids: ``[n]`` node ids.
+        Returns:
+            ``memory [n, d_m]``, ``memory_ts [n]``, ``mail [n, K, d_mail]``, ``mail_ts [n, K]``.
+        """
+        global_ids = global_ids.to(self.device)
+        if self.world_size == 1:
+            return self._rows(self._local(global_ids))
+        uniq, inv = torch.unique(global_ids, return_inverse=True)
+        owner, local = self.book.locate(uniq)
+        packed = fetch_rows(owner, local, self._serve, self.group)[inv]
+        d, K, dm = self.dim_memory, self.mailbox_size, self.dim_mail
+        mem, mts, mail, mailts = packed.split([d, 2, K * dm, 2 * K], 1)
+        return (mem, _unbits(mts, torch.float64), mail.reshape(-1, K, dm),
+                _unbits(mailts, torch.float64).view(-1, K))
+
+    def prepare_input(self, mfgs: List[Block]) -> None:
+        """Attach ``'mem'``, ``'mem_ts'``, ``'mail'``, ``'mail_ts'`` of every input node.
+
+        ``mfgs[0]`` (the input layer) contains every node of the batch; its
+        ``srcdata['ID']`` are fetched from their owners (one all-to-all; a plain index
+        in a world of one). Collective: every rank calls it once per step.
+        """
+        b = mfgs[0]
+        mem, mts, mail, mailts = self.read(b.srcdata["ID"])
+        b.srcdata["mem"], b.srcdata["mem_ts"] = mem, mts
+        b.srcdata["mail"], b.srcdata["mail_ts"] = mail, mailts
+
+    # ---------------------------------------------------------------- updates
+    def get_update_memory(self, index: Tensor, memory: Tensor, memory_ts: Tensor
+                          ) -> Tuple[Tensor, Tensor, Tensor]:
+        """This step's memory writes: one per node, the latest by timestamp.
+
+        Args:
+            index: ``[n]`` global ids of the updated rows (the positive roots).
+            memory: ``[n, d_m]`` their updated memory ``s^`` (detached here).
+            memory_ts: ``[n]`` the event time of each row.
+        Returns:
+            ``(index [u], memory [u, d_m], memory_ts [u])`` with distinct ids. Among
+            rows of equal time the later row wins (the value is the same: ``s^`` of a
+            node depends only on the node and the query time).
+        """
+        sel = latest_per_key(index, memory_ts)
+        return index[sel], memory[sel].detach(), memory_ts[sel]
+
+    def get_update_mail(self, index: Tensor, src: Tensor, dst: Tensor, ts: Tensor,
+                        edge_feats: Optional[Tensor], memory: Tensor,
+                        embedding: Optional[Tensor] = None, use_src_emb: bool = False,
+                        use_dst_emb: bool = False, block: Optional[Block] = None
+                        ) -> Tuple[Tensor, Tensor, Tensor]:
+        """This step's mails (algorithms.md §1 step 5), without gradient.
+
+        Event i (``u = index[src[i]]``, ``v = index[dst[i]]``) mails
+        ``[s^_u || s^_v || e_i]`` to u and ``[s^_v || s^_u || e_i]`` to v, time ``ts[i]``.
+        With ``use_dst_emb`` the second part is the other endpoint's ``embedding``
+        (DyRep); with ``use_src_emb`` the first part is the receiver's ``embedding``.
+        With ``deliver_to='neighbors'`` (APAN) each root's mail is also copied to its
+        sampled neighbours in ``block`` (edges whose destination row is ``src[i]`` or
+        ``dst[i]``).
+
+        Args:
+            index: ``[S]`` global ids of the rows of ``memory`` (e.g. ``roots.nodes``).
+            src, dst: ``[B]`` row positions of the positive events' endpoints.
+            ts: ``[B]`` event times. edge_feats: ``[B, d_e]`` or ``None``.
+            memory: ``[S', d_m]`` updated memory of the rows (``S' >= max(src, dst) + 1``).
+            embedding: ``[S', d]`` optional embeddings of the rows (needs ``d = d_m``).
+            block: block whose destination rows are the rows of ``memory`` (``'neighbors'``).
+        Returns:
+            ``(index [u], mail [u, d_mail], mail_ts [u])``: with ``mail_combine='last'``
+            one mail per node (latest time; ties: events in order u_1, v_1, u_2, v_2, ...
+            then neighbour copies, later wins); with ``'mean'`` every mail (the owners
+            average them).
+        """
+        with torch.no_grad():
+            B = src.numel()
+            me_u = (embedding if use_src_emb else memory)[src].detach()
+            me_v = (embedding if use_src_emb else memory)[dst].detach()
+            ot_v = (embedding if use_dst_emb else memory)[dst].detach()
+            ot_u = (embedding if use_dst_emb else memory)[src].detach()
+            parts_u, parts_v = [me_u, ot_v], [me_v, ot_u]
+            if self.dim_edge_feat:
+                if edge_feats is None:
+                    raise ValueError(f"the mailbox was built with dim_edge_feat="
+                                     f"{self.dim_edge_feat} but edge_feats is None")
+                parts_u.append(edge_feats.float())
+                parts_v.append(edge_feats.float())
+            mail = torch.stack([torch.cat(parts_u, 1), torch.cat(parts_v, 1)], 1).view(2 * B, -1)
+            ids = torch.stack([index[src], index[dst]], 1).view(-1)
+            mail_ts = ts.to(torch.float64).repeat_interleave(2)
+            if self.deliver_to == "neighbors" and block is not None and block.num_edges:
+                row_mail = torch.full((int(memory.size(0)),), -1, dtype=torch.long,
+                                      device=mail.device)
+                row_mail[src] = torch.arange(0, 2 * B, 2, device=mail.device)
+                row_mail[dst] = torch.arange(1, 2 * B, 2, device=mail.device)
+                e_src, e_dst = block.edge_index[0], block.edge_index[1]
+                inside = e_dst < row_mail.numel()
+                m = torch.full_like(e_dst, -1)
+                m[inside] = row_mail[e_dst[inside]]
+                keep = m >= 0
+                m = m[keep]
+                ids = torch.cat([ids, block.srcdata["ID"][e_src[keep]].to(ids.device)])
+                mail = torch.cat([mail, mail[m]])
+                mail_ts = torch.cat([mail_ts, mail_ts[m]])
+            if self.mail_combine == "last":
+                sel = latest_per_key(ids, mail_ts)
+                return ids[sel], mail[sel], mail_ts[sel]
+            return ids, mail, mail_ts
+
+    # ------------------------------------------------------------------ write
+    def set_mailbox_all_to_all(self, index: Tensor, memory: Optional[Tensor],
+                               memory_ts: Optional[Tensor], mail: Optional[Tensor],
+                               mail_ts: Optional[Tensor], reduce_Op: str = "max") -> None:
+        """Send updates to the owners of ``index``; each owner resolves duplicates and writes.
+
+        Collective: every rank calls it, also with nothing to send.
+
+        Args:
+            index: ``[n]`` global ids. memory/memory_ts: ``[n, d_m]`` / ``[n]`` or ``None``
+                (mail only). mail/mail_ts: ``[n, d_mail]`` / ``[n]`` or ``None`` (memory only).
+            reduce_Op: ``'max'``: the latest timestamp wins, ties go to the higher sender
+                rank, then the later row (deterministic); ``'mean'``: mails to the same
+                node are averaged (memory still takes the latest).
+        """
+        if reduce_Op not in ("max", "mean"):
+            raise ValueError(f"reduce_Op must be 'max' or 'mean', got {reduce_Op!r}")
+        has_mem, has_mail = memory is not None, mail is not None
+        index = index.to(self.device)
+        n = index.numel()
+        if self.world_size == 1:
+            rows = self._local(index)
+            recv = (rows, memory, memory_ts, mail, mail_ts)
+        else:
+            owner, local = self.book.locate(index)
+            cols = [_bits(local)]
+            if has_mem:
+                cols += [memory.detach().float().reshape(n, self.dim_memory), _bits(memory_ts.to(torch.float64))]
+            if has_mail:
+                cols += [mail.detach().float().reshape(n, self.dim_mail), _bits(mail_ts.to(torch.float64))]
+            plan = Plan(owner, self.group)
+            got = plan.forward(torch.cat(cols, 1))
+            sizes = [2] + ([self.dim_memory, 2] if has_mem else []) + \
+                ([self.dim_mail, 2] if has_mail else [])
+            parts = list(got.split(sizes, 1))
+            rows = _unbits(parts.pop(0), torch.long)
+            m = mts = ml = mlts = None
+            if has_mem:
+                m, mts = parts.pop(0), _unbits(parts.pop(0), torch.float64)
+            if has_mail:
+                ml, mlts = parts.pop(0), _unbits(parts.pop(0), torch.float64)
+            recv = (rows, m, mts, ml, mlts)
+        self._write(*recv, reduce_Op)
+
+    def _write(self, rows, memory, memory_ts, mail, mail_ts, reduce_Op: str) -> None:
+        with torch.no_grad():
+            if memory is not None:
+                sel = latest_per_key(rows, memory_ts)
+                r = rows[sel]
+                self.memory[r] = memory[sel].to(self.memory.dtype)
+                self.memory_ts[r] = memory_ts[sel].to(torch.float64)
+            if mail is not None:
+                if reduce_Op == "mean":
+                    r, mail, mail_ts = mean_per_key(rows, mail.float(), mail_ts.to(torch.float64))
+                else:
+                    sel = latest_per_key(rows, mail_ts)
+                    r, mail, mail_ts = rows[sel], mail[sel], mail_ts[sel]
+                pos = self.next_mail_pos[r]
+                self.mailbox[r, pos] = mail.to(self.mailbox.dtype).view(-1, self.dim_mail)
+                self.mail_ts[r, pos] = mail_ts.to(torch.float64)
+                if self.mailbox_size > 1:
+                    self.next_mail_pos[r] = (pos + 1) % self.mailbox_size
+
+    # ------------------------------------------------------------ short form
+    def update(self, memory: Tensor, roots: Roots, src_pos: Tensor, dst_pos: Tensor,
+               edge_feats: Optional[Tensor] = None, embedding: Optional[Tensor] = None,
+               use_dst_emb: bool = False, block: Optional[Block] = None) -> None:
+        """The whole write-back of one step in one call (collective).
+
+        Runs :meth:`get_update_memory`, :meth:`get_update_mail` and
+        :meth:`set_mailbox_all_to_all` for the positive events of ``roots``.
+
+        Args:
+            memory: ``[R', d_m]`` updated memory ``s^`` of the root rows (``R' >= 2B``).
+            roots: the batch's roots (``roots.nodes`` global ids, ``roots.t`` event times).
+            src_pos, dst_pos: ``[B]`` root rows of the positive events
+                (``metadata['src_pos_index']``, ``metadata['dst_pos_index']``).
+            edge_feats: ``[B, d_e]`` features of the positive events, or ``None``.
+            embedding, use_dst_emb: DyRep mails (see :meth:`get_update_mail`).
+            block: the block whose destinations are the roots (``deliver_to='neighbors'``).
+        """
+        nodes, t = roots.nodes.to(self.device), roots.t.to(self.device)
+        pos = torch.stack([src_pos, dst_pos], 1).view(-1)
+        mem_ts = t.to(torch.float64).repeat_interleave(2)
+        idx_m, mem, mts = self.get_update_memory(nodes[pos], memory[pos], mem_ts)
+        idx_l, mail, mlts = self.get_update_mail(nodes, src_pos, dst_pos, t, edge_feats, memory,
+                                                 embedding, False, use_dst_emb, block)
+        if self.deliver_to == "self" and self.mail_combine == "last":
+            # same distinct ids in the same (sorted) order: one exchange
+            self.set_mailbox_all_to_all(idx_m, mem, mts, mail, mlts, "max")
+        else:
+            self.set_mailbox_all_to_all(idx_m, mem, mts, None, None, "max")
+            self.set_mailbox_all_to_all(idx_l, None, None, mail, mlts,
+                                        "mean" if self.mail_combine == "mean" else "max")
+
+    def __repr__(self) -> str:
+        return (f"SharedMailBox(owned={self.num_nodes}, dim_memory={self.dim_memory}, "
+                f"mailbox_size={self.mailbox_size}, dim_mail={self.dim_mail}, "
+                f"rank={self.rank}/{self.world_size})")

@@ -1,0 +1,178 @@
+"""Memory updaters: compute each input node's updated memory on the fly from its mail.
+
+TGL's step 3 (algorithms.md §1): every input node x of a batch (roots and their
+neighbours) reads its stored memory ``s_x``, ``memory_ts_x`` and mailbox, and the
+updater computes ``s^_x`` with gradient. Nothing is stored here: the training loop
+writes the positive roots' ``s^`` back through the :class:`SharedMailBox` after the
+step, so there is no hidden ``last_updated_*`` state to reset.
+
+Shapes (one batch's input layer ``mfgs[0]``):
+    S: input nodes, d_m: memory size, K: mailbox slots, d_mail = 2 d_m + d_e,
+    d_t: time-encoding size, F: node-feature size.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tgl_dist.nn.time_encoding import TimeEncode
+
+
+class MemoryUpdater(nn.Module):
+    """Base class: ``forward(srcdata) -> s^ [S, d_m]``; ``combine(s^, h) -> node input``.
+
+    Args:
+        dim_memory: d_m. dim_mail: d_mail. mailbox_size: K. dim_time: d_t (0 = none).
+        dim_node_feat: F (0 = the dataset has no node features).
+        combine_node_feature: add the node features to ``s^`` (``Linear(f)`` when F != d_m).
+
+    ``srcdata`` must hold ``'mem' [S, d_m]``, ``'mem_ts' [S]``, ``'mail' [S, K, d_mail]``,
+    ``'mail_ts' [S, K]``, ``'ts' [S]`` (attached by :meth:`SharedMailBox.prepare_input`)
+    and ``'ID' [S]`` (global ids, used to compute shared terms once per node).
+    """
+
+    def __init__(self, dim_memory: int, dim_mail: int, mailbox_size: int, dim_time: int,
+                 dim_node_feat: int = 0, combine_node_feature: bool = True) -> None:
+        super().__init__()
+        self.dim_memory, self.dim_mail, self.mailbox_size = dim_memory, dim_mail, mailbox_size
+        self.dim_time, self.dim_node_feat = dim_time, dim_node_feat
+        self.combine_node_feature = combine_node_feature
+        self.time_enc = TimeEncode(dim_time) if dim_time > 0 else None
+        self.node_feat_map = (nn.Linear(dim_node_feat, dim_memory)
+                              if combine_node_feature and 0 < dim_node_feat != dim_memory else None)
+
+    def combine(self, mem: Tensor, h: Optional[Tensor]) -> Tensor:
+        """Node representation fed to the embedding module: ``s^ (+ f)``, shape ``[S, d_m]``."""
+        if not self.combine_node_feature or h is None or h.size(1) == 0:
+            return mem
+        return mem + (self.node_feat_map(h) if self.node_feat_map is not None else h)
+
+
+class _CellUpdater(MemoryUpdater):
+    """GRU / RNN cell on ``[mail || phi(t - memory_ts)]`` with hidden state ``s`` (needs K = 1).
+
+    The input-to-hidden product is split into a mail part and a time part. The mail
+    part and the hidden-to-hidden part depend only on the node (its stored state is
+    the same wherever it occurs in the batch), so they are computed once per unique
+    node; only the time part is computed per occurrence. Mathematically this is the
+    cell applied to the concatenated input.
+    """
+
+    gates = 1
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.mailbox_size != 1:
+            raise ValueError(f"{type(self).__name__} needs mailbox_size 1, got {self.mailbox_size}")
+        G, H = self.gates, self.dim_memory
+        self.weight_ih = nn.Parameter(torch.empty(G * H, self.dim_mail + self.dim_time))
+        self.weight_hh = nn.Parameter(torch.empty(G * H, H))
+        self.bias_ih = nn.Parameter(torch.empty(G * H))
+        self.bias_hh = nn.Parameter(torch.empty(G * H))
+        bound = 1.0 / H ** 0.5  # torch.nn.GRUCell / RNNCell initialisation
+        for p in (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh):
+            nn.init.uniform_(p, -bound, bound)
+
+    def _gate_inputs(self, srcdata):
+        ids, mem = srcdata["ID"], srcdata["mem"]
+        mail = srcdata["mail"].reshape(mem.size(0), -1)
+        uniq, inv = torch.unique(ids, return_inverse=True)
+        if uniq.numel() < ids.numel():
+            first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long, device=ids.device)
+            first = first.scatter_reduce(0, inv, torch.arange(ids.numel(), device=ids.device),
+                                         reduce="amin")
+            mem_u, mail_u = mem[first], mail[first]
+        else:
+            inv, mem_u, mail_u = None, mem, mail
+        w_mail = self.weight_ih[:, : self.dim_mail]
+        gi = F.linear(mail_u, w_mail, self.bias_ih)
+        gh = F.linear(mem_u, self.weight_hh, self.bias_hh)
+        if inv is not None:
+            gi, gh = gi[inv], gh[inv]
+        if self.time_enc is not None:
+            phi = self.time_enc(srcdata["ts"] - srcdata["mem_ts"])
+            gi = gi + F.linear(phi, self.weight_ih[:, self.dim_mail:])
+        return gi, gh, mem
+
+
+class GRUMemoryUpdater(_CellUpdater):
+    """TGN's updater: ``s^ = GRUCell([mail || phi(t - memory_ts)], s)`` (TGL ``GRUMemeoryUpdater``).
+
+    Parameters are laid out as in :class:`torch.nn.GRUCell` (gates r, z, n).
+    """
+
+    gates = 3
+
+    def forward(self, srcdata) -> Tensor:
+        gi, gh, h = self._gate_inputs(srcdata)
+        i_r, i_z, i_n = gi.chunk(3, 1)
+        h_r, h_z, h_n = gh.chunk(3, 1)
+        r = torch.sigmoid(i_r + h_r)
+        z = torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return n + z * (h - n)
+
+
+class RNNMemoryUpdater(_CellUpdater):
+    """JODIE / DyRep updater: ``s^ = tanh(W_ih [mail || phi(t - memory_ts)] + W_hh s + b)``.
+
+    Parameters are laid out as in :class:`torch.nn.RNNCell`.
+    """
+
+    gates = 1
+
+    def forward(self, srcdata) -> Tensor:
+        gi, gh, _ = self._gate_inputs(srcdata)
+        return torch.tanh(gi + gh)
+
+
+class TransformerMemoryUpdater(MemoryUpdater):
+    """APAN's updater: attention of the memory over the K mailbox slots (TGL).
+
+    .. math::
+        q = W_q s, \\; k_k, v_k = W_k, W_v [\\mathrm{mail}_k \\| \\phi(t - \\mathrm{mail\\_ts}_k)]
+
+        \\hat s = \\mathrm{ReLU}(\\mathrm{Dropout}(W(\\mathrm{LayerNorm}(
+        \\textstyle\\sum_k \\alpha_k v_k + s))))
+
+    with ``alpha = softmax_k(LeakyReLU(q . k))`` per head; empty slots are not masked
+    (as in TGL).
+
+    Args (beyond :class:`MemoryUpdater`): num_head, dropout, att_dropout.
+    """
+
+    def __init__(self, dim_memory: int, dim_mail: int, mailbox_size: int, dim_time: int,
+                 dim_node_feat: int = 0, combine_node_feature: bool = False, num_head: int = 2,
+                 dropout: float = 0.0, att_dropout: float = 0.0) -> None:
+        super().__init__(dim_memory, dim_mail, mailbox_size, dim_time, dim_node_feat,
+                         combine_node_feature)
+        if dim_memory % num_head:
+            raise ValueError(f"memory dim {dim_memory} is not divisible by num_head={num_head}")
+        self.num_head = num_head
+        self.w_q = nn.Linear(dim_memory, dim_memory)
+        self.w_k = nn.Linear(dim_mail + dim_time, dim_memory)
+        self.w_v = nn.Linear(dim_mail + dim_time, dim_memory)
+        self.layer_norm = nn.LayerNorm(dim_memory)
+        self.mlp = nn.Linear(dim_memory, dim_memory)
+        self.dropout = nn.Dropout(dropout)
+        self.att_dropout = nn.Dropout(att_dropout)
+
+    def forward(self, srcdata) -> Tensor:
+        mem, mail = srcdata["mem"], srcdata["mail"]
+        S, K, H = mem.size(0), self.mailbox_size, self.num_head
+        q = self.w_q(mem).view(S, 1, H, -1)
+        if self.time_enc is not None:
+            phi = self.time_enc(srcdata["ts"].view(-1, 1) - srcdata["mail_ts"])
+            mail = torch.cat([mail, phi], 2)
+        k = self.w_k(mail).view(S, K, H, -1)
+        v = self.w_v(mail).view(S, K, H, -1)
+        att = F.softmax(F.leaky_relu((q * k).sum(-1), 0.2), dim=1)
+        att = self.att_dropout(att)
+        rst = (att.unsqueeze(-1) * v).sum(1).reshape(S, -1) + mem
+        return F.relu(self.dropout(self.mlp(self.layer_norm(rst))))
+
+
+UPDATERS = {"gru": GRUMemoryUpdater, "rnn": RNNMemoryUpdater, "transformer": TransformerMemoryUpdater}

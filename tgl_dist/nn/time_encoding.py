@@ -1,0 +1,39 @@
+"""``TimeEncode``: the learnable cosine time encoding of TGAT / TGN / TGL.
+
+.. math::
+    \\phi(\\Delta) = \\cos(\\omega \\Delta + b), \\qquad
+    \\omega_k = 10^{-9 k / (d - 1)},\\; b = 0 \\text{ at initialisation.}
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+
+class TimeEncode(nn.Module):
+    """Map time differences to ``dim`` cosine features (TGL's initialisation, learnable).
+
+    Args:
+        dim: output size ``d_t``.
+
+    Shapes:
+        input ``[*]`` (any float dtype; cast to float32), output ``[*, d_t]``.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.w = nn.Linear(1, dim)
+        with torch.no_grad():
+            self.w.weight.copy_(torch.from_numpy(
+                1 / 10 ** np.linspace(0, 9, dim, dtype=np.float32)).reshape(dim, 1))
+            self.w.bias.zero_()
+
+    def forward(self, dt: Tensor) -> Tensor:
+        shape = dt.shape
+        out = torch.cos(self.w(dt.reshape(-1, 1).float()))
+        return out.reshape(*shape, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
