@@ -194,3 +194,14 @@ def test_missing_dataset_says_what_to_put_where(tmp_path):
         load_dataset(tmp_path / "nope.csv")
     with pytest.raises(ValueError, match="known names: .*wikipedia"):
         load_dataset("no-such-dataset", root=tmp_path, download=False)
+
+
+def test_id_beyond_int64_and_glued_fields(tmp_path):
+    p = write(tmp_path / "big.txt", "1 2 3\n99999999999999999999 2 4\n")
+    with pytest.raises(DataFormatError, match="too large") as ei:
+        load_snap(p)
+    check(ei, p, 2, "src")
+    p = write(tmp_path / "glued.txt", "1 2 3\n1 2 3-4\n")
+    with pytest.raises(DataFormatError, match="'3-4' is not a number") as ei:
+        load_snap(p)
+    check(ei, p, 2, "time")

@@ -206,12 +206,14 @@ def _parse_numbers(body: bytes) -> Optional[np.ndarray]:
     is several times faster than its float reader; anything else through
     ``np.fromstring``. ``None`` means some field is not a number.
     """
+    if _INT_BYTES[np.frombuffer(body, dtype=np.uint8)].all():
+        try:
+            return np.loadtxt(io.BytesIO(body), dtype=np.int64, ndmin=1).ravel().astype(np.float64)
+        except (ValueError, OverflowError):
+            pass                     # e.g. an id beyond int64: the float reader below takes it
     try:
-        if _INT_BYTES[np.frombuffer(body, dtype=np.uint8)].all():
-            vals = np.loadtxt(io.BytesIO(body), dtype=np.int64, ndmin=1).ravel()
-            return vals.astype(np.float64)
         return np.fromstring(body, dtype=np.float64, sep=" ")  # text mode: one C-level pass
-    except (ValueError, OverflowError):
+    except ValueError:
         return None
 
 
@@ -238,10 +240,10 @@ def node_ids(table: Table, col: int, field: str) -> np.ndarray:
     bad = ~np.isfinite(x) | (x < 0) | (x != np.floor(x))
     if bad.any():
         r = int(np.flatnonzero(bad)[0])
-        raise table.error(r, field, f"node id must be a non-negative integer, got {x[r]!r}")
+        raise table.error(r, field, f"node id must be a non-negative integer, got {float(x[r])!r}")
     if x.size and x.max() >= 2 ** 53:
         r = int(np.argmax(x))
-        raise table.error(r, field, f"node id {x[r]!r} is too large to read exactly")
+        raise table.error(r, field, f"node id {float(x[r])!r} is too large to read exactly")
     return x.astype(np.int64)
 
 
@@ -268,19 +270,31 @@ def check_times(t: np.ndarray, path: PathLike, lines: Optional[np.ndarray] = Non
         r = int(np.flatnonzero(bad)[0])
         what = "NaN" if math.isnan(t[r]) else "infinite" if math.isinf(t[r]) else "negative"
         where = int(lines[r]) if lines is not None else r + row_offset
-        raise DataFormatError(path, f"timestamp is {what} ({t[r]!r}); times must be finite and >= 0",
+        raise DataFormatError(path, f"timestamp is {what} ({float(t[r])!r}); times must be finite and >= 0",
                               line=where, field=field)
 
 
 def remap_nodes(src: np.ndarray, dst: np.ndarray) -> Tuple[Tensor, Tensor, Tensor]:
-    """Remap arbitrary integer ids to ``0..N-1``, keeping their order.
+    """Remap non-negative integer ids to ``0..N-1``, keeping their order.
+
+    Uses a dense presence table (no sort) when the largest id is not much larger than
+    the number of ids, else ``np.unique``; both give the same result.
 
     Returns:
         ``(src, dst, node_map)``: new ids ``[E]`` each, and ``node_map [N]`` holding the
         original id of each new id (sorted ascending).
     """
-    uniq, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
     E = src.shape[0]
+    both = np.concatenate([src, dst])
+    top = int(both.max()) if both.size else -1
+    if top < 4 * both.size + (1 << 20):
+        present = np.zeros(top + 1, dtype=bool)
+        present[both] = True
+        uniq = np.flatnonzero(present)
+        new_id = np.cumsum(present, dtype=np.int64) - 1
+        inv = new_id[both]
+    else:
+        uniq, inv = np.unique(both, return_inverse=True)
     return (torch.from_numpy(inv[:E].astype(np.int64)), torch.from_numpy(inv[E:].astype(np.int64)),
             torch.from_numpy(uniq.astype(np.int64)))
 

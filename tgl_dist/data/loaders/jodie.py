@@ -52,7 +52,7 @@ def load_jodie(path: PathLike, name: Optional[str] = None, shift_items: bool = T
     bad = ~np.isfinite(lab) | (lab != np.floor(lab))
     if bad.any():
         r = int(np.flatnonzero(bad)[0])
-        raise tab.error(r, FIELDS[3], f"state label must be an integer, got {lab[r]!r}")
+        raise tab.error(r, FIELDS[3], f"state label must be an integer, got {float(lab[r])!r}")
     if shift_items:
         items = items + (int(users.max()) + 1)
     src, dst, node_map = remap_nodes(users, items)

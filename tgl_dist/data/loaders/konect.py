@@ -54,7 +54,7 @@ def load_konect(path: PathLike, name: Optional[str] = None, check_header: bool =
     bad = ~np.isfinite(w)
     if bad.any():
         r = int(np.flatnonzero(bad)[0])
-        raise tab.error(r, "weight", f"weight must be a finite number, got {w[r]!r}")
+        raise tab.error(r, "weight", f"weight must be a finite number, got {float(w[r])!r}")
     t = torch.from_numpy(timestamps(tab, 3, "time"))
     if check_header:
         _check_edge_count(path, tab.num_rows)

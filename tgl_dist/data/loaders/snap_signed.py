@@ -40,7 +40,7 @@ def load_snap_signed(path: PathLike, name: Optional[str] = None) -> TemporalGrap
     bad = ~np.isfinite(rating)
     if bad.any():
         r = int(np.flatnonzero(bad)[0])
-        raise tab.error(r, "RATING", f"rating must be a finite number, got {rating[r]!r}")
+        raise tab.error(r, "RATING", f"rating must be a finite number, got {float(rating[r])!r}")
     t = torch.from_numpy(timestamps(tab, 3, "TIME"))
     log.info("read %s: %d events, %d nodes", path, tab.num_rows, node_map.numel())
     return TemporalGraph.sorted(src, dst, t, num_nodes=int(node_map.numel()),
