@@ -1,0 +1,264 @@
+"""TGL-style model configs: four YAML sections (``sampling``, ``memory``, ``gnn``, ``train``).
+
+The YAML is parsed into frozen, keyword-only dataclasses; every field is checked and
+a bad value raises :class:`ConfigError` naming its path (``memory.dim_out``) and the
+file. Models never read configs: :func:`tgl_dist.models.build_model` turns a config
+into modules with explicit arguments.
+
+Example (``configs/TGN.yml``)::
+
+    sampling: [{layer: 1, neighbor: [10], strategy: recent, prop_time: False, history: 1, duration: 0}]
+    memory: [{type: node, dim_time: 100, deliver_to: self, mail_combine: last,
+              memory_update: gru, mailbox_size: 1, combine_node_feature: True, dim_out: 100}]
+    gnn: [{arch: transformer_attention, layer: 1, att_head: 2, dim_time: 100, dim_out: 100}]
+    train: [{epoch: 100, batch_size: 600, lr: 0.0001, dropout: 0.2, att_dropout: 0.2}]
+
+TGL wraps each section in a one-element list; a plain mapping is accepted too.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+import yaml
+
+from tgl_dist.errors import TGLDistError
+
+
+class ConfigError(TGLDistError, ValueError):
+    """A config value that cannot be used: names the file and the field path."""
+
+    def __init__(self, path: str, message: str, source: Optional[str] = None) -> None:
+        self.field_path = path
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{path}: {message}")
+
+
+def _choice(*names):
+    def check(v):
+        if v not in names:
+            return f"expected one of {list(names)}, got {v!r}"
+    return check
+
+
+def _pos_int(v):
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        return f"expected a positive integer, got {v!r}"
+
+
+def _nonneg_int(v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        return f"expected a non-negative integer, got {v!r}"
+
+
+def _bool(v):
+    if not isinstance(v, bool):
+        return f"expected True or False, got {v!r}"
+
+
+def _prob(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+        return f"expected a number in [0, 1), got {v!r}"
+
+
+def _pos_num(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        return f"expected a positive number, got {v!r}"
+
+
+def _nonneg_num(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        return f"expected a non-negative number, got {v!r}"
+
+
+def _fanouts(v):
+    if not isinstance(v, (list, tuple)) or not v or any(_pos_int(x) for x in v):
+        return f"expected a non-empty list of positive integers (one per hop), got {v!r}"
+
+
+def _any(v):
+    return None
+
+
+def _f(default, check=_any, help: str = ""):
+    return field(default=default, metadata={"check": check, "help": help})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """``sampling``: temporal neighbour sampling."""
+    layer: int = _f(1, _pos_int, "number of hops L")
+    neighbor: Tuple[int, ...] = _f((10,), _fanouts, "fan-out per hop")
+    strategy: str = _f("recent", _choice("recent", "uniform"), "which earlier neighbours")
+    prop_time: bool = _f(False, _bool, "deeper hops query at the root time")
+    history: int = _f(1, _pos_int, "snapshots (1 for CTDG models)")
+    duration: float = _f(0, _nonneg_num, "snapshot length (0 = infinite)")
+    num_thread: int = _f(1, _pos_int, "sampler threads")
+    no_sample: bool = _f(False, _bool, "no neighbours (JODIE)")
+    no_neg: bool = _f(False, _bool, "sample neighbours of positive roots only (APAN)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    """``memory``: node memory and mailbox (``type: none`` = no memory)."""
+    type: str = _f("none", _choice("node", "none"), "'node' keeps a memory per node")
+    dim_out: int = _f(0, _nonneg_int, "memory size d_m")
+    dim_time: int = _f(0, _nonneg_int, "time-encoding size of the updater")
+    deliver_to: str = _f("self", _choice("self", "neighbors"), "who receives an event's mail")
+    mail_combine: str = _f("last", _choice("last", "mean"), "several mails to a node in a step")
+    memory_update: str = _f("gru", _choice("gru", "rnn", "transformer"), "updater")
+    mailbox_size: int = _f(1, _pos_int, "mailbox slots K")
+    combine_node_feature: bool = _f(True, _bool, "add node features to the memory")
+    attention_head: int = _f(2, _pos_int, "heads of the transformer updater")
+    mail_dst_embedding: bool = _f(False, _bool,
+                                  "mails carry the other endpoint's embedding (DyRep)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GNNConfig:
+    """``gnn``: the embedding module."""
+    arch: str = _f("transformer_attention", _choice("transformer_attention", "identity"),
+                   "temporal attention layers or none")
+    layer: int = _f(1, _pos_int, "attention layers (= sampling.layer)")
+    att_head: int = _f(2, _pos_int, "attention heads")
+    dim_time: int = _f(100, _nonneg_int, "time-encoding size")
+    dim_out: int = _f(0, _nonneg_int, "output size (0: memory.dim_out)")
+    time_transform: Optional[str] = _f(None, _choice(None, "JODIE"), "JODIE time projection")
+    output: str = _f("gnn", _choice("gnn", "memory"),
+                     "what the predictor scores: the GNN output or the updated memory (DyRep)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """``train``: optimisation."""
+    epoch: int = _f(100, _pos_int, "epochs")
+    batch_size: int = _f(600, _pos_int, "events per step (over all ranks)")
+    lr: float = _f(1e-4, _pos_num, "Adam learning rate")
+    dropout: float = _f(0.1, _prob, "dropout")
+    att_dropout: float = _f(0.1, _prob, "attention dropout")
+    all_on_gpu: bool = _f(False, _bool, "TGL option, accepted and ignored")
+    reorder: int = _f(0, _nonneg_int, "TGL random chunk scheduling (not implemented; must be 0)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The whole config; ``name`` is the file stem (``TGN``)."""
+    sampling: SamplingConfig
+    memory: MemoryConfig
+    gnn: GNNConfig
+    train: TrainConfig
+    name: str = "model"
+
+    @property
+    def has_memory(self) -> bool:
+        return self.memory.type == "node"
+
+    def replace(self, **sections: Mapping[str, Any]) -> "ModelConfig":
+        """A copy with fields overridden, e.g. ``cfg.replace(train={'lr': 1e-3})``."""
+        kw = {}
+        for name, over in sections.items():
+            cur = dataclasses.asdict(getattr(self, name))
+            cur.update(over)
+            kw[name] = _section(_SECTIONS[name], cur, name, None)
+        return dataclasses.replace(self, **kw)
+
+
+_SECTIONS = {"sampling": SamplingConfig, "memory": MemoryConfig, "gnn": GNNConfig,
+             "train": TrainConfig}
+
+
+def _section(cls, raw: Any, name: str, source: Optional[str]):
+    if isinstance(raw, list):
+        if len(raw) != 1:
+            raise ConfigError(name, f"expected one mapping (TGL writes a one-element list), "
+                                    f"got a list of {len(raw)}", source)
+        raw = raw[0]
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(name, f"expected a mapping, got {type(raw).__name__}", source)
+    known = {f.name: f for f in fields(cls)}
+    kw = {}
+    for key, val in raw.items():
+        if key not in known:
+            raise ConfigError(f"{name}.{key}", f"unknown field; known: {sorted(known)}", source)
+        f = known[key]
+        if isinstance(val, float) and f.type in ("int",) and val.is_integer():
+            val = int(val)
+        if isinstance(val, int) and not isinstance(val, bool) and f.type == "float":
+            val = float(val)
+        err = f.metadata["check"](val)
+        if err:
+            raise ConfigError(f"{name}.{key}", err, source)
+        kw[key] = tuple(val) if isinstance(val, list) else val
+    return cls(**kw)
+
+
+def parse_config(raw: Mapping[str, Any], name: str = "model",
+                 source: Optional[str] = None) -> ModelConfig:
+    """Validate a TGL-style config mapping (what ``yaml.safe_load`` returns)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("<root>", f"expected a mapping with sections {list(_SECTIONS)}, "
+                                    f"got {type(raw).__name__}", source)
+    for key in raw:
+        if key not in _SECTIONS:
+            raise ConfigError(str(key), f"unknown section; known: {list(_SECTIONS)}", source)
+    secs = {k: _section(cls, raw.get(k), k, source) for k, cls in _SECTIONS.items()}
+    mem, gnn, smp = secs["memory"], secs["gnn"], secs["sampling"]
+    if mem.type == "node":
+        if mem.dim_out <= 0:
+            raise ConfigError("memory.dim_out", "a node memory needs dim_out > 0", source)
+        if mem.memory_update in ("gru", "rnn") and mem.mailbox_size != 1:
+            raise ConfigError("memory.mailbox_size", f"the {mem.memory_update} updater reads one "
+                                                     f"mail: expected 1, got {mem.mailbox_size}",
+                              source)
+    elif gnn.arch == "identity":
+        raise ConfigError("gnn.arch", "'identity' needs a node memory (memory.type: node)", source)
+    if gnn.arch == "transformer_attention":
+        if smp.no_sample:
+            raise ConfigError("sampling.no_sample", "attention layers need sampled neighbours",
+                              source)
+        if gnn.layer != smp.layer:
+            raise ConfigError("gnn.layer", f"must equal sampling.layer ({smp.layer}), got "
+                                           f"{gnn.layer}", source)
+        if len(smp.neighbor) != smp.layer:
+            raise ConfigError("sampling.neighbor", f"expected {smp.layer} fan-outs (one per "
+                                                   f"layer), got {list(smp.neighbor)}", source)
+        if gnn.dim_time <= 0:
+            raise ConfigError("gnn.dim_time", "attention layers need dim_time > 0", source)
+        dim_out = gnn.dim_out or mem.dim_out
+        if dim_out <= 0:
+            raise ConfigError("gnn.dim_out", "set gnn.dim_out (no memory to take it from)", source)
+        if dim_out % gnn.att_head:
+            raise ConfigError("gnn.att_head", f"dim_out {dim_out} is not divisible by "
+                                              f"att_head {gnn.att_head}", source)
+    if gnn.output == "memory" and mem.type != "node":
+        raise ConfigError("gnn.output", "'memory' needs memory.type: node", source)
+    if mem.mail_dst_embedding and (gnn.arch != "transformer_attention"
+                                   or (gnn.dim_out or mem.dim_out) != mem.dim_out):
+        raise ConfigError("memory.mail_dst_embedding", "needs attention embeddings of size "
+                                                       "memory.dim_out", source)
+    if secs["train"].reorder:
+        raise ConfigError("train.reorder", "random chunk scheduling is not implemented; "
+                                           "remove it or set 0", source)
+    return ModelConfig(name=name, **secs)
+
+
+def load_config(path: Union[str, Path]) -> ModelConfig:
+    """Read and validate a YAML config; the model name is the file stem."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("<file>", "config file not found", str(path)) from None
+    except yaml.YAMLError as e:
+        raise ConfigError("<yaml>", f"not valid YAML ({e})", str(path)) from None
+    return parse_config(raw, name=path.stem, source=str(path))
+
+
+def describe(cls) -> Dict[str, str]:
+    """Field -> help text of a section class (for docs and ``--help``)."""
+    return {f.name: f.metadata.get("help", "") for f in fields(cls)}

@@ -1,0 +1,148 @@
+"""``TemporalLinkModel``: memory updater -> embedding module -> edge predictor.
+
+One class covers TGN, JODIE, APAN, DyRep and TGAT; the builder
+(:func:`tgl_dist.models.build_model`) picks the parts. The model takes blocks, not a
+loader, and calls no collective: the loader and the :class:`SharedMailBox` move data.
+
+Forward (algorithms.md §1 steps 3-4) on ``mfgs`` (input layer first, roots at rows
+``0..R-1`` of every block)::
+
+    x   = node features mfgs[0].srcdata['h'] | node_embedding(ids) | nothing  [S, F]
+    s^  = memory_updater(mfgs[0].srcdata)       (memory models)             [S, d_m]
+    h   = s^ (+ f)  or x                                                    [S, d]
+    emb = attention layers over mfgs | LayerNorm(h[:R]) | JODIE(h[:R])       [R, d]
+    pos, neg = predictor(emb[src], emb[dst], emb[neg])
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from tgl_dist.memory.updaters import MemoryUpdater
+from tgl_dist.nn.attention import TemporalAttention
+from tgl_dist.nn.embedding import IdentityEmbedding, JODIETimeProjection
+from tgl_dist.nn.predictor import EdgePredictor
+from tgl_dist.sampling.block import Block
+
+
+class LinkPredOutput(tuple):
+    """``(pos_logits [B], neg_logits [k*B])``, unpackable as a pair, with the step's state.
+
+    Attributes:
+        memory: ``[R, d_m]`` updated memory ``s^`` of the root rows (detached), or ``None``.
+        embedding: ``[R, d]`` root embeddings (detached).
+        mail_uses_embedding: DyRep: mails carry the other endpoint's embedding.
+    """
+
+    memory: Optional[Tensor]
+    embedding: Tensor
+    mail_uses_embedding: bool
+
+    def __new__(cls, pos: Tensor, neg: Tensor, memory: Optional[Tensor], embedding: Tensor,
+                mail_uses_embedding: bool = False):
+        self = super().__new__(cls, (pos, neg))
+        self.memory, self.embedding = memory, embedding
+        self.mail_uses_embedding = mail_uses_embedding
+        return self
+
+
+class TemporalLinkModel(nn.Module):
+    """A memory-based (or memory-free) temporal link predictor.
+
+    Args:
+        dim_out: embedding size d fed to the predictor.
+        memory_updater: computes ``s^`` from the fetched memory and mail (``None``: no memory).
+        gnn_layers: temporal attention layers, one per block (``None``: no GNN).
+        projection: ``'identity'`` (LayerNorm) or ``'jodie'`` when there are no GNN layers.
+        output: ``'gnn'`` (score the embeddings) or ``'memory'`` (score ``s^ (+ f)``, DyRep;
+            the GNN embeddings then only go into the mails).
+        mail_uses_embedding: DyRep mails (see :meth:`SharedMailBox.get_update_mail`).
+        node_embedding: optional module mapping global ids ``[S]`` to ``[S, F]`` (e.g.
+            :class:`tgl_dist.nn.DistEmbedding`), used when the blocks carry no ``'h'``.
+    """
+
+    def __init__(self, *, dim_out: int, memory_updater: Optional[MemoryUpdater] = None,
+                 gnn_layers: Optional[Sequence[TemporalAttention]] = None,
+                 projection: Optional[str] = None, output: str = "gnn",
+                 mail_uses_embedding: bool = False,
+                 node_embedding: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        if memory_updater is None and not gnn_layers:
+            raise ValueError("a model needs a memory updater, GNN layers, or both")
+        if gnn_layers and projection is not None:
+            raise ValueError("give either gnn_layers or projection, not both")
+        if output not in ("gnn", "memory"):
+            raise ValueError(f"output must be 'gnn' or 'memory', got {output!r}")
+        self.memory_updater = memory_updater
+        self.gnn_layers = nn.ModuleList(gnn_layers or [])
+        self.projection = None
+        if not gnn_layers:
+            proj = projection or "identity"
+            if proj == "identity":
+                self.projection = IdentityEmbedding(dim_out)
+            elif proj == "jodie":
+                self.projection = JODIETimeProjection(dim_out)
+            else:
+                raise ValueError(f"projection must be 'identity' or 'jodie', got {projection!r}")
+        self.output = output
+        self.mail_uses_embedding = mail_uses_embedding
+        self.node_embedding = node_embedding
+        self.predictor = EdgePredictor(dim_out)
+
+    def node_input(self, block: Block) -> Optional[Tensor]:
+        """Node features of the input layer's nodes ``[S, F]`` (``None`` when there are none)."""
+        h = block.srcdata.get("h")
+        if h is None and self.node_embedding is not None:
+            h = self.node_embedding(block.srcdata["ID"])
+        return h
+
+    def embed(self, mfgs: List[Block]):
+        """Root embeddings ``[R, d]`` and the root rows' ``s^`` ``[R, d_m]`` (or ``None``)."""
+        b0 = mfgs[0]
+        R = mfgs[-1].num_dst
+        x = self.node_input(b0)
+        mem = None
+        if self.memory_updater is not None:
+            mem = self.memory_updater(b0.srcdata)
+            h = self.memory_updater.combine(mem, x)
+        elif x is not None:
+            h = x.float()
+        else:
+            h = torch.zeros(b0.num_src, 0, device=b0.srcdata["ID"].device)
+        if len(self.gnn_layers):
+            if len(mfgs) != len(self.gnn_layers):
+                raise ValueError(f"the model has {len(self.gnn_layers)} attention layers but the "
+                                 f"batch has {len(mfgs)} blocks (check sampling.layer)")
+            g = h
+            for layer, block in zip(self.gnn_layers, mfgs):
+                if g.size(0) != block.num_src:
+                    raise ValueError(f"block {block} expects {block.num_src} input rows, got "
+                                     f"{g.size(0)}: blocks must chain (dst of one = src of next)")
+                g = layer(block, g)
+            emb = g[:R]
+        elif isinstance(self.projection, JODIETimeProjection):
+            emb = self.projection(h[:R], b0.srcdata["ts"][:R], b0.srcdata["mem_ts"][:R])
+        else:
+            emb = self.projection(h[:R])
+        gnn_emb = emb
+        if self.output == "memory":
+            emb = h[:R]
+        return emb, (None if mem is None else mem[:R]), gnn_emb
+
+    def forward(self, mfgs: List[Block], metadata: Dict[str, Tensor]) -> LinkPredOutput:
+        """Score the batch's positive and negative events.
+
+        Args:
+            mfgs: blocks, input layer first (memory attached to ``mfgs[0]`` by the mailbox).
+            metadata: ``'src_pos_index' [B]``, ``'dst_pos_index' [B]``, ``'dst_neg_index'
+                [k*B]`` root rows (negatives negative-major).
+        Returns:
+            :class:`LinkPredOutput` ``(pos [B], neg [k*B])`` logits.
+        """
+        emb, mem, gnn_emb = self.embed(mfgs)
+        pos, neg = self.predictor(emb[metadata["src_pos_index"]], emb[metadata["dst_pos_index"]],
+                                  emb[metadata["dst_neg_index"]])
+        return LinkPredOutput(pos, neg, None if mem is None else mem.detach(),
+                              gnn_emb.detach(), self.mail_uses_embedding)
