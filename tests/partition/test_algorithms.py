@@ -96,3 +96,34 @@ def test_metis_for_tgnn_balances_events_and_nodes(make_graph):
     assert s["balance_events"] < 1.1 and s["balance_nodes"] < 1.1
     plain = partition_stats(g.src, g.dst, get_partitioner("metis")(g, 4, 0), 4)
     assert plain["balance_nodes"] < 1.1 and plain["balance_events"] > 1.3   # hubs land together
+
+
+def test_register_custom_partitioner(toy_graph, tmp_path):
+    from tgl_dist.partition import register_partitioner
+    from tgl_dist.partition.registry import PARTITIONERS
+
+    def first_half(graph, num_parts, seed=0):
+        return (torch.arange(graph.num_nodes) >= graph.num_nodes // 2).long()
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_partitioner("hash", first_half)
+    with pytest.raises(ValueError, match="folder name"):
+        register_partitioner("../evil", first_half)
+    register_partitioner("halves", first_half)
+    try:
+        path = partition_graph(toy_graph, 2, "halves", tmp_path)
+        assert path.name == "halves_2"
+    finally:
+        del PARTITIONERS["halves"]
+
+
+def test_bad_owner_from_custom_partitioner(toy_graph, tmp_path):
+    from tgl_dist.partition import register_partitioner
+    from tgl_dist.partition.registry import PARTITIONERS
+
+    register_partitioner("broken", lambda g, P, seed=0: torch.full((g.num_nodes,), P))
+    try:
+        with pytest.raises(ValueError, match="owners outside"):
+            partition_graph(toy_graph, 2, "broken", tmp_path)
+    finally:
+        del PARTITIONERS["broken"]

@@ -19,6 +19,8 @@ from tgl_dist.errors import PartitionError
 from tgl_dist.partition.storage import MANIFEST, read_manifest, verify_files
 
 OptTensor = Optional[Tensor]
+MASK_NAMES = ("train", "val", "test", "inductive_train", "new_node_val", "new_node_test")
+_EVENT_KEYS = ("src", "dst", "t", "eid", "edge_attr", "labels", "masks")
 
 
 @dataclass
@@ -92,13 +94,12 @@ class PartitionData:
         self.edge_attr: OptTensor = events["edge_attr"]
         self.labels: OptTensor = events["labels"]
         masks = events["masks"]
-        empty = torch.zeros(self.eids.numel(), dtype=torch.bool)
-        self.train_mask: Tensor = masks.get("train", empty)
-        self.val_mask: Tensor = masks.get("val", empty)
-        self.test_mask: Tensor = masks.get("test", empty)
-        self.inductive_train_mask: Tensor = masks.get("inductive_train", empty)
-        self.new_node_val_mask: Tensor = masks.get("new_node_val", empty)
-        self.new_node_test_mask: Tensor = masks.get("new_node_test", empty)
+        self.train_mask: Tensor = masks["train"]
+        self.val_mask: Tensor = masks["val"]
+        self.test_mask: Tensor = masks["test"]
+        self.inductive_train_mask: Tensor = masks["inductive_train"]
+        self.new_node_val_mask: Tensor = masks["new_node_val"]
+        self.new_node_test_mask: Tensor = masks["new_node_test"]
         self.sample_graph = SampleGraph(**sample)
 
     @property
@@ -183,7 +184,16 @@ def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None
     if node_owner.numel() != int(manifest["num_nodes"]) or event_owner.numel() != int(manifest["num_events"]):
         raise PartitionError(f"{folder / 'book.pt'}: sizes {node_owner.numel()}/{event_owner.numel()} "
                              f"do not match the manifest's num_nodes/num_events")
+    nodes, events = _load(folder / part / "nodes.pt"), _load(folder / part / "events.pt")
+    sample = _load(folder / part / "sample_graph.pt")
+    for path, obj, keys in ((part + "nodes.pt", nodes, ("ids", "node_feat")),
+                            (part + "events.pt", events, _EVENT_KEYS),
+                            (part + "sample_graph.pt", sample, ("src", "dst", "t", "eid"))):
+        lacking = [k for k in keys if k not in obj]
+        if lacking:
+            raise PartitionError(f"{folder / path}: lacks {', '.join(lacking)}")
+    lacking = [k for k in MASK_NAMES if k not in events["masks"]]
+    if lacking:
+        raise PartitionError(f"{folder / part}events.pt: lacks the masks {', '.join(lacking)}")
     return PartitionData(rank, manifest, PartitionBook(node_owner, num_parts=world_size),
-                         PartitionBook(event_owner, num_parts=world_size),
-                         _load(folder / part / "nodes.pt"), _load(folder / part / "events.pt"),
-                         _load(folder / part / "sample_graph.pt"))
+                         PartitionBook(event_owner, num_parts=world_size), nodes, events, sample)

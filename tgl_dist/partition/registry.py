@@ -4,6 +4,7 @@ An unknown name is an error that lists the known names; there is no fallback.
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict, List
 
 from torch import Tensor
@@ -44,6 +45,9 @@ def get_partitioner(name: str) -> Partitioner:
 
 def register_partitioner(name: str, fn: Partitioner, overwrite: bool = False) -> None:
     """Register ``fn`` under ``name`` (a custom algorithm); refuses to replace one unless ``overwrite``."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]*", name or ""):
+        raise ValueError(f"partitioner name {name!r} must be letters, digits, '_' or '-' "
+                         f"(it becomes a folder name)")
     if name in PARTITIONERS and not overwrite:
         raise ValueError(f"partitioning algorithm {name!r} is already registered")
     PARTITIONERS[name] = fn

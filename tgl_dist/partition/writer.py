@@ -31,13 +31,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tgl_dist.data.temporal import TemporalGraph
+from tgl_dist.partition.load import MASK_NAMES
 from tgl_dist.partition.registry import get_partitioner
 from tgl_dist.partition.stats import partition_stats
 from tgl_dist.partition.storage import atomic_dir, save_tensors, write_manifest
 
 log = logging.getLogger(__name__)
 
-MASK_NAMES = ("train", "val", "test", "inductive_train", "new_node_val", "new_node_test")
 
 
 def partition_dir(out: Union[str, Path], name: str, algo: str, num_parts: int) -> Path:
@@ -78,7 +78,7 @@ def _part_payload(graph: TemporalGraph, node_ids: Tensor, event_idx: Tensor,
         "eid": eid,
         "edge_attr": None if graph.edge_attr is None else graph.edge_attr[eid],
         "labels": None if graph.labels is None else graph.labels[event_idx],
-        "masks": {k: graph.masks[k][event_idx] for k in MASK_NAMES if k in graph.masks},
+        "masks": {k: graph.masks[k][event_idx] for k in MASK_NAMES},
     }
     sample = {"src": graph.src[touching], "dst": graph.dst[touching], "t": graph.t[touching],
               "eid": graph.eid[touching]}
@@ -113,6 +113,9 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
     if num_parts > max(graph.num_nodes, 1):
         raise ValueError(f"num_parts={num_parts} exceeds the number of nodes ({graph.num_nodes})")
     name = _check_name(name if name is not None else graph.name)
+    missing = [k for k in MASK_NAMES if k not in graph.masks]
+    if missing:
+        raise ValueError(f"graph.masks lacks {', '.join(missing)}; call graph.split() first")
     dest = partition_dir(out, name, algo, num_parts)
     if dest.exists() and not force:
         raise FileExistsError(f"{dest} already exists; pass force=True (--force) to overwrite it")
