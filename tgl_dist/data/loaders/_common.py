@@ -59,19 +59,6 @@ def head_lines(path: PathLike, n: int) -> List[str]:
     return out
 
 
-def read_text(path: PathLike) -> str:
-    """The file decoded as UTF-8 with ``\\r\\n`` line ends normalised to ``\\n``."""
-    raw = read_bytes(path)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise DataFormatError(path, f"not UTF-8 text (byte {exc.start})", line=line) from None
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return text
-
-
 def _is_number(token: str) -> bool:
     try:
         float(token)
