@@ -42,24 +42,38 @@ def _ms(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def bench_sparse(n: int, dim: int, batches, warmup: int) -> dict:
-    t0 = time.perf_counter()
-    book = PartitionBook(torch.zeros(n, dtype=torch.int32))
-    emb = DistEmbedding(n, dim, book, "bench")
-    opt = SparseAdam([emb], lr=1e-3)
-    setup_s = time.perf_counter() - t0
-    fb, st = [], []
-    for i, (ids, w) in enumerate(batches):
-        opt.zero_grad()
-        t_fb = _ms(lambda: (emb(ids) * w).sum().backward())
-        t_st = _ms(opt.step)
-        if i >= warmup:
-            fb.append(t_fb)
-            st.append(t_st)
-    out = {"rows": n, "setup_s": round(setup_s, 2),
-           "lookup_bwd_ms": round(statistics.median(fb), 3),
-           "step_ms": round(statistics.median(st), 3)}
-    del emb, opt, book
+def bench_sparse(sizes, dim: int, batch: int, steps: int, warmup: int, seed: int = 0) -> list:
+    """All tables live at once and the steps interleave (one step of each size per round),
+    so a change of machine load between sizes does not bias the ratio."""
+    g = torch.Generator().manual_seed(seed)
+    runs = []
+    for n in sizes:
+        t0 = time.perf_counter()
+        book = PartitionBook(torch.zeros(n, dtype=torch.int32))
+        emb = DistEmbedding(n, dim, book, f"bench_{n}")
+        opt = SparseAdam([emb], lr=1e-3)
+        setup_s = time.perf_counter() - t0
+        # ids spread over the whole table (random rows of a large table are cache misses)
+        batches = [(torch.randint(0, n, (batch,), generator=g), torch.rand(batch, 1, generator=g))
+                   for _ in range(steps + warmup)]
+        runs.append({"n": n, "emb": emb, "opt": opt, "batches": batches, "fb": [], "st": [],
+                     "setup_s": setup_s})
+    for i in range(steps + warmup):
+        for r in runs:
+            emb, opt = r["emb"], r["opt"]
+            ids, w = r["batches"][i]
+            opt.zero_grad()
+            t_fb = _ms(lambda: (emb(ids) * w).sum().backward())
+            t_st = _ms(opt.step)
+            if i >= warmup:
+                r["fb"].append(t_fb)
+                r["st"].append(t_st)
+    out = [{"rows": r["n"], "setup_s": round(r["setup_s"], 2),
+            "unique_ids_per_step": round(statistics.mean(b[0].unique().numel()
+                                                         for b in r["batches"])),
+            "lookup_bwd_ms": round(statistics.median(r["fb"]), 3),
+            "step_ms": round(statistics.median(r["st"]), 3)} for r in runs]
+    del runs
     gc.collect()
     return out
 
@@ -71,7 +85,7 @@ def bench_dense(n: int, dim: int, batches, steps: int) -> dict:
     p = torch.nn.Parameter(torch.empty(n, dim).uniform_(-0.1, 0.1))
     opt = torch.optim.Adam([p], lr=1e-3)
     st = []
-    for i, (ids, w) in enumerate(batches[:steps + 1]):
+    for i, (ids, w) in enumerate(batches):
         opt.zero_grad(set_to_none=False)
         (p[ids] * w).sum().backward()
         t = _ms(opt.step)
@@ -94,28 +108,22 @@ def main() -> None:
                     help="torch threads (default 1: one rank per core, as under torchrun)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    g = torch.Generator().manual_seed(0)
-    smallest = min(args.sizes)
-    # the same ids for every size (drawn among the smallest table's rows): only the
-    # table size changes between runs
-    batches = [(torch.randint(0, smallest, (args.batch,), generator=g),
-                torch.rand(args.batch, 1, generator=g)) for _ in range(args.steps + args.warmup)]
-    rows = []
-    print(f"{'rows':>10} {'setup s':>8} {'lookup+bwd ms':>14} {'sparse step ms':>15} "
-          f"{'dense Adam step ms':>19}")
-    for n in args.sizes:
-        s = bench_sparse(n, args.dim, batches, args.warmup)
-        d = bench_dense(n, args.dim, batches, args.dense_steps)
-        s.update(d)
-        rows.append(s)
+    print(f"{'rows':>10} {'setup s':>8} {'unique ids':>10} {'lookup+bwd ms':>14} "
+          f"{'sparse step ms':>15} {'dense Adam step ms':>19}")
+    rows = bench_sparse(args.sizes, args.dim, args.batch, args.steps, args.warmup)
+    g = torch.Generator().manual_seed(1)
+    for s in rows:
+        n = s["rows"]
+        batches = [(torch.randint(0, n, (args.batch,), generator=g),
+                    torch.rand(args.batch, 1, generator=g)) for _ in range(args.dense_steps + 1)]
+        s.update(bench_dense(n, args.dim, batches, args.dense_steps))
         dense = "skipped" if s["dense_step_ms"] is None else f"{s['dense_step_ms']:.1f}"
-        print(f"{n:>10} {s['setup_s']:>8.2f} {s['lookup_bwd_ms']:>14.2f} {s['step_ms']:>15.2f} "
-              f"{dense:>19}", flush=True)
+        print(f"{n:>10} {s['setup_s']:>8.2f} {s['unique_ids_per_step']:>10} "
+              f"{s['lookup_bwd_ms']:>14.2f} {s['step_ms']:>15.2f} {dense:>19}", flush=True)
     small = min(rows, key=lambda r: r["rows"])
     large = max(rows, key=lambda r: r["rows"])
     result = {
         "benchmark": "embedding", "dim": args.dim, "batch_ids": args.batch,
-        "unique_ids_per_step": round(statistics.mean(b[0].unique().numel() for b in batches)),
         "timed": "SparseAdam.step() alone (dedup + exchange + update); lookup+backward separate",
         "threads": torch.get_num_threads(),
         "step_ms_small": small["step_ms"], "step_ms_large": large["step_ms"],

@@ -156,3 +156,23 @@ def test_default_init_is_deterministic_and_uniform():
     assert abs(float(a.weight.var()) - (2 * bound) ** 2 / 12) < 0.01 * bound ** 2 * 4
     # a row depends on the global id only: a smaller table has the same first rows
     assert torch.equal(_emb(n=100).weight, a.weight[:100])
+
+
+def test_table_is_module_state_but_not_parameter_or_buffer():
+    emb = _emb()
+    model = torch.nn.Sequential(emb, torch.nn.Linear(D, 2))
+    # dense optimizers and DDP (which broadcasts buffers) never touch the sharded table
+    assert [n for n, _ in model.named_parameters()] == ["1.weight", "1.bias"]
+    assert list(model.buffers()) == []
+    sd = model.state_dict()
+    assert torch.equal(sd["0.weight"], emb.weight) and torch.equal(sd["0.owned_ids"],
+                                                                   torch.arange(N))
+    other = torch.nn.Sequential(_emb(seed=3), torch.nn.Linear(D, 2))
+    other.load_state_dict(sd)
+    assert torch.equal(other[0].weight, emb.weight)
+    with pytest.raises(RuntimeError, match="Missing key"):
+        other.load_state_dict({k: v for k, v in sd.items() if k != "0.weight"})
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        other.load_state_dict({**sd, "0.extra": torch.zeros(1)})
+    emb.double()
+    assert emb.weight.dtype == torch.float64 and emb.owned_ids.dtype == torch.long

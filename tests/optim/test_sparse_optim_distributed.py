@@ -52,11 +52,38 @@ def _train(world_size: int, rank: int, name: str, tmp: str = ""):
     return out
 
 
+class _Model(torch.nn.Module):
+    def __init__(self, emb: DistEmbedding) -> None:
+        super().__init__()
+        self.emb = emb
+        self.lin = torch.nn.Linear(D, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.emb(ids)).pow(2).sum()
+
+
+def _ddp(rank: int) -> dict:
+    """A model holding a DistEmbedding wrapped in DDP: the table is left to the sparse optimizer."""
+    torch.manual_seed(rank)  # different dense init per rank: DDP must broadcast rank 0's
+    emb = DistEmbedding(N, D, PartitionBook(_owner()), "ddp")
+    model = torch.nn.parallel.DistributedDataParallel(_Model(emb))
+    sparse, dense = SparseAdagrad([emb], lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)
+    init = emb.full_table()
+    ids = torch.tensor([0, 5, 5, 9]) if rank == 0 else torch.tensor([9, 12])
+    model(ids).backward()
+    sparse.step()
+    dense.step()
+    return {"lin": model.module.lin.weight.detach().clone(), "init": init,
+            "final": emb.full_table()}
+
+
 def _worker(tmp: str) -> bytes:
     from tgl_dist import DistributedContext
     ctx = DistributedContext.init()
+    out = {name: _train(2, ctx.rank, name, tmp) for name in CONFIGS}
+    out["ddp"] = _ddp(ctx.rank)
     buf = io.BytesIO()  # tensors through the result queue need the sender alive: send bytes
-    torch.save({name: _train(2, ctx.rank, name, tmp) for name in CONFIGS}, buf)
+    torch.save(out, buf)
     return buf.getvalue()
 
 
@@ -83,3 +110,12 @@ def test_two_ranks_equal_one_rank(tmp_path):
         assert a["rows"] + b["rows"] == N
         # save after 3 steps, load into fresh objects, continue: same as never stopping
         assert torch.equal(a["resumed"], a["final"]) and torch.equal(b["resumed"], b["final"])
+    # DDP over a model holding the table: dense parts stay in sync, the table is sparse-updated
+    d0, d1 = r0["ddp"], r1["ddp"]
+    assert torch.equal(d0["lin"], d1["lin"])
+    assert torch.equal(d0["final"], d1["final"])
+    touched = torch.tensor([0, 5, 9, 12])
+    assert (d0["final"][touched] != d0["init"][touched]).any(dim=1).all()
+    rest = torch.ones(N, dtype=torch.bool)
+    rest[touched] = False
+    assert torch.equal(d0["final"][rest], d0["init"][rest])

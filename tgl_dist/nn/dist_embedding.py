@@ -126,10 +126,12 @@ class DistEmbedding(nn.Module):
         device: where the local table lives (default: CPU).
 
     Attributes:
-        weight: buffer with this rank's rows, shape ``[n_owned, D]``; row ``k`` is node
-            ``owned_ids[k]``. It is a buffer, not a ``Parameter``: dense optimizers and
-            DDP never see it; :mod:`tgl_dist.optim` updates it.
-        owned_ids: buffer with the global ids of the local rows, shape ``[n_owned]``.
+        weight: this rank's rows, shape ``[n_owned, D]``; row ``k`` is node
+            ``owned_ids[k]``. Neither a ``Parameter`` nor a buffer: dense optimizers
+            never see it and DDP neither all-reduces nor broadcasts it (its size differs
+            between ranks); :mod:`tgl_dist.optim` updates it. It is in ``state_dict()``
+            (keys ``weight`` and ``owned_ids``) and follows ``.to()``.
+        owned_ids: global ids of the local rows, shape ``[n_owned]`` (int64).
 
     Shapes:
         - ids: ``[n]`` global ids (any order, duplicates allowed).
@@ -178,8 +180,8 @@ class DistEmbedding(nn.Module):
                 hash_uniform_(weight, owned, self.seed, -bound, bound)
             else:
                 init(weight)
-        self.register_buffer("weight", weight)
-        self.register_buffer("owned_ids", owned.to(device=weight.device, dtype=torch.long).clone())
+        self.weight = weight
+        self.owned_ids = owned.to(device=weight.device, dtype=torch.long).clone()
         self._anchor = torch.zeros(0, requires_grad=True)
         self._grads: List[Tuple[Tensor, Tensor]] = []
         log.debug("DistEmbedding '%s': rank %d holds %d of %d rows (D=%d)",
@@ -261,16 +263,45 @@ class DistEmbedding(nn.Module):
         out[ids] = rows
         return out
 
+    # ------------------------------------------------------------ module state
+    _STATE_KEYS = ("weight", "owned_ids")
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        self.weight = fn(self.weight)
+        self.owned_ids = self.owned_ids.to(self.weight.device)
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self.weight.detach()
+        destination[prefix + "owned_ids"] = self.owned_ids
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs) -> None:
-        key = prefix + "owned_ids"
-        if key in state_dict and not torch.equal(state_dict[key].cpu(), self.owned_ids.cpu()):
-            raise PartitionError(
-                f"DistEmbedding '{self.name}': the saved shard holds "
-                f"{state_dict[key].numel()} rows of other nodes than this rank's "
-                f"{self.num_owned} (saved with another partition or rank)")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
-                                      missing_keys, unexpected_keys, error_msgs)
+                                      missing_keys, [], error_msgs)
+        for k in state_dict:
+            rest = k[len(prefix):]
+            if k.startswith(prefix) and "." not in rest and rest not in self._STATE_KEYS:
+                unexpected_keys.append(k)
+        missing = [prefix + k for k in self._STATE_KEYS if prefix + k not in state_dict]
+        if missing:
+            missing_keys.extend(missing)
+            return
+        ids = state_dict[prefix + "owned_ids"]
+        if not torch.equal(ids.cpu(), self.owned_ids.cpu()):
+            raise PartitionError(
+                f"DistEmbedding '{self.name}': the saved shard holds {ids.numel()} rows of "
+                f"other nodes than this rank's {self.num_owned} (saved with another "
+                f"partition or rank)")
+        w = state_dict[prefix + "weight"]
+        if tuple(w.shape) != tuple(self.weight.shape):
+            error_msgs.append(f"size mismatch for {prefix}weight: saved {tuple(w.shape)}, "
+                              f"this table {tuple(self.weight.shape)}")
+            return
+        with torch.no_grad():
+            self.weight.copy_(w)
 
     def extra_repr(self) -> str:
         return (f"name={self.name!r}, num_nodes={self.num_nodes}, dim={self.dim}, "
