@@ -72,7 +72,7 @@ def test_failed_fetch_leaves_nothing_and_explains(tmp_path, spec_at):
     with pytest.raises(DatasetNotFoundError, match="holds no ml_enron.csv") as ei:
         load_dataset("enron", root=tmp_path / "root")
     assert "put ml_enron.csv" in str(ei.value)
-    assert not (tmp_path / "root" / "enron").exists()
+    assert not (tmp_path / "root").exists()                   # no empty folders left behind
     spec_at("mooc", (tmp_path / "missing.csv").as_uri())
     with pytest.raises(DatasetNotFoundError, match="downloading file:"):
         load_dataset("mooc", root=tmp_path / "root")

@@ -196,7 +196,10 @@ def _fetch(spec: DatasetSpec, base: Path, download: bool) -> Path:
         raise DatasetNotFoundError(f"dataset '{spec.name}' not found under {base} (downloads disabled): "
                                    + _where(spec, base))
     folder = base / spec.folder
-    created = not folder.exists()
+    created, d = [], folder                     # folders this call creates (innermost first)
+    while not d.exists():
+        created.append(d)
+        d = d.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if spec.archive is None:
@@ -211,8 +214,9 @@ def _fetch(spec: DatasetSpec, base: Path, download: bool) -> Path:
             tmp.unlink(missing_ok=True)
         return folder / spec.files[0]
     except (urllib.error.URLError, OSError, TimeoutError, tarfile.TarError, zipfile.BadZipFile) as exc:
-        if created and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        for d in created:                       # leave no empty folders behind
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
         raise DatasetNotFoundError(f"dataset '{spec.name}' not found under {base} and downloading "
                                    f"{spec.url} failed ({exc}): " + _where(spec, base)) from None
 
