@@ -109,7 +109,7 @@ def test_pyg_round_trip_both_ways(tmp_path):
     assert load_pyg(tmp_path / "dict.pt").num_events == 4
 
 
-def test_to_pyg_float_times_and_subgraph(real_graph):
+def test_to_pyg_float_times_and_subgraph():
     g = TemporalGraph(torch.tensor([0, 1]), torch.tensor([1, 2]), torch.tensor([0.5, 1.25]),
                       edge_attr=torch.tensor([[1.0], [2.0]]))
     d = to_pyg(g)

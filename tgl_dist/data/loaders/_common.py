@@ -59,6 +59,15 @@ def head_lines(path: PathLike, n: int) -> List[str]:
     return out
 
 
+def stem(path: PathLike) -> str:
+    """File name without ``.gz``/``.txt``/``.csv``/``.tsv`` extensions (the default dataset name)."""
+    n = Path(path).name
+    for ext in (".gz", ".txt", ".csv", ".tsv"):
+        if n.endswith(ext):
+            n = n[: -len(ext)]
+    return n
+
+
 def _is_number(token: str) -> bool:
     try:
         float(token)

@@ -16,7 +16,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import PathLike, Table, read_table, remap_nodes, node_ids, timestamps
+from tgl_dist.data.loaders._common import (PathLike, Table, read_table, remap_nodes, node_ids, stem,
+                                           timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -28,8 +29,8 @@ REQUIRED = ("u", "i", "ts", "idx")
 def dyglib_paths(csv_path: PathLike):
     """``(csv, edge_npy, node_npy)`` paths that belong together for ``ml_<name>.csv``."""
     csv_path = Path(csv_path)
-    stem = csv_path.name[:-4] if csv_path.name.endswith(".csv") else csv_path.name
-    return csv_path, csv_path.with_name(stem + ".npy"), csv_path.with_name(stem + "_node.npy")
+    base = stem(csv_path)
+    return csv_path, csv_path.with_name(base + ".npy"), csv_path.with_name(base + "_node.npy")
 
 
 def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool = True,
@@ -97,10 +98,10 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
         _check_ids(tab, (idx,), ("idx",), E, edge_npy)
         edge_attr = torch.from_numpy(np.asarray(ef[idx], dtype=np.float32))
     log.info("read %s: %d events, %d nodes", csv_path, E, N)
-    stem = csv_path.name[:-4]
+    base = stem(csv_path)
     return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=N, edge_attr=edge_attr,
                                 node_feat=node_feat, labels=labels, node_map=node_map,
-                                name=name or (stem[3:] if stem.startswith("ml_") else stem))
+                                name=name or (base[3:] if base.startswith("ml_") else base))
 
 
 def _load_npy(path: Path) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, timestamps
+from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, stem, timestamps
 from tgl_dist.data.temporal import TemporalGraph
 
 log = logging.getLogger(__name__)
@@ -63,12 +63,5 @@ def load_jodie(path: PathLike, name: Optional[str] = None, shift_items: bool = T
              node_map.numel(), 0 if edge_attr is None else edge_attr.size(1))
     return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=int(node_map.numel()),
                                 edge_attr=edge_attr, labels=torch.from_numpy(lab.astype(np.int64)),
-                                node_map=node_map, name=name or _stem(path))
+                                node_map=node_map, name=name or stem(path))
 
-
-def _stem(path: Path) -> str:
-    n = path.name
-    for ext in (".gz", ".csv", ".txt"):
-        if n.endswith(ext):
-            n = n[: -len(ext)]
-    return n

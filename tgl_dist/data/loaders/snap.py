@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, timestamps
+from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, stem, timestamps
 from tgl_dist.data.temporal import TemporalGraph
 
 log = logging.getLogger(__name__)
@@ -45,11 +45,3 @@ def load_snap(path: PathLike, name: Optional[str] = None) -> TemporalGraph:
     return TemporalGraph.sorted(src, dst, t, num_nodes=int(node_map.numel()), node_map=node_map,
                                 name=name or stem(path))
 
-
-def stem(path: Path) -> str:
-    """File name without ``.gz``/``.txt``/``.csv``/``.tsv`` extensions."""
-    n = Path(path).name
-    for ext in (".gz", ".txt", ".csv", ".tsv"):
-        if n.endswith(ext):
-            n = n[: -len(ext)]
-    return n

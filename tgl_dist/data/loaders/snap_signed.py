@@ -13,8 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, timestamps
-from tgl_dist.data.loaders.snap import stem
+from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, stem, timestamps
 from tgl_dist.data.temporal import TemporalGraph
 
 log = logging.getLogger(__name__)
