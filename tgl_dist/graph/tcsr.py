@@ -67,7 +67,8 @@ class TemporalNeighborSampleGraph:
     """Per-node time-sorted incident events (T-CSR), replicated or partitioned.
 
     Args:
-        sample_graph: the events to index: a dict / object with ``src``, ``dst``
+        sample_graph: the events to index: ``pdata`` / a graph store (its
+            ``sample_graph`` and ``book`` are used), or a dict / object with ``src``, ``dst``
             (global ids, ``[E']``), ``t`` (``[E']`` float64) and ``eid`` (``[E']``),
             e.g. ``pdata.sample_graph`` (every event with an owned endpoint) or a
             whole ``TemporalGraph``.
@@ -84,6 +85,9 @@ class TemporalNeighborSampleGraph:
 
     def __init__(self, sample_graph: Any, mode: str = "full", num_nodes: Optional[int] = None,
                  book: Optional[PartitionBook] = None, group=None) -> None:
+        if hasattr(sample_graph, "sample_graph") and hasattr(sample_graph, "book"):
+            book = sample_graph.book if book is None else book  # a PartitionData or a graph store
+            sample_graph = sample_graph.sample_graph
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "partitioned" and book is None:
@@ -119,9 +123,9 @@ class TemporalNeighborSampleGraph:
         t = all_gather_v(t, group)
         eid = all_gather_v(eid, group)
         order = torch.sort(eid, stable=True).indices
-        eid = eid[order]
-        keep = torch.ones_like(eid, dtype=torch.bool)
-        keep[1:] = eid[1:] != eid[:-1]
+        se = eid[order]
+        keep = torch.ones_like(se, dtype=torch.bool)
+        keep[1:] = se[1:] != se[:-1]
         sel = order[keep]
         return src[sel], dst[sel], t[sel], eid[sel]
 

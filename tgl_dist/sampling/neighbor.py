@@ -97,13 +97,16 @@ class NeighborSampler:
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Reseed the uniform policy for an epoch (the loader calls it each epoch)."""
+        """Reseed the uniform policy for an epoch (default of :meth:`sample`'s ``epoch``)."""
         self.epoch = int(epoch)
-        self._salt = int(hash_keys(self.seed, torch.tensor(self.epoch)))
+
+    def salt(self, epoch: Optional[int] = None) -> int:
+        """The uniform policy's key for ``epoch`` (default: the current epoch)."""
+        return int(hash_keys(self.seed, torch.tensor(self.epoch if epoch is None else int(epoch))))
 
     # ------------------------------------------------------------ local core
-    def sample_local(self, nodes: Tensor, ts: Tensor, k: int) -> Tuple[Tensor, Tensor]:
-        """Sample on this rank's T-CSR (nodes must be held here).
+    def sample_local(self, nodes: Tensor, ts: Tensor, k: int, salt: int = 0) -> Tuple[Tensor, Tensor]:
+        """Sample on this rank's T-CSR (nodes must be held here); ``salt`` keys uniform draws.
 
         Returns:
             ``(idx, valid)``: ``[R, k]`` row indices into the T-CSR arrays and a mask of
@@ -122,7 +125,7 @@ class NeighborSampler:
         big = (avail > k).nonzero().view(-1)
         if big.numel():
             c = avail[big]
-            base = hash_keys(self._salt, nodes[big], time_bits(ts[big]))
+            base = hash_keys(salt, nodes[big], time_bits(ts[big]))
             pick = torch.empty(big.numel(), k, dtype=torch.long)
             for j in range(k):  # Floyd's algorithm: k distinct offsets in [0, c), vectorised over rows
                 i = c - k + j
@@ -135,23 +138,23 @@ class NeighborSampler:
             idx[big] = start[big].unsqueeze(1) + pick
         return idx, valid
 
-    def _hop_local(self, nodes: Tensor, ts: Tensor, k: int) -> Hop:
-        idx, valid = self.sample_local(nodes, ts, k)
+    def _hop_local(self, nodes: Tensor, ts: Tensor, k: int, salt: int) -> Hop:
+        idx, valid = self.sample_local(nodes, ts, k, salt)
         nz = valid.nonzero()
         row = nz[:, 0]
         e = idx[row, nz[:, 1]]
         g = self.graph
         return row, g.nbr[e], g.eid[e], g.ts[e]
 
-    def _hop_remote(self, nodes: Tensor, ts: Tensor, k: int, group) -> Hop:
+    def _hop_remote(self, nodes: Tensor, ts: Tensor, k: int, salt: int, group) -> Hop:
         """Partitioned mode: every root goes to its owner, which samples and replies."""
         g = self.graph
         plan = Plan(g.book.to_owner(nodes), group)
         req = plan.forward(torch.stack([nodes, time_bits(ts)], 1))
-        rn, rt = req[:, 0], req[:, 1].view(torch.float64)
+        rn, rt = req[:, 0].contiguous(), req[:, 1].contiguous().view(torch.float64)
         if rn.numel() and not bool(g.owns(rn).all()):
             raise RuntimeError("partitioned sampling received a request for a node this rank does not own")
-        idx, valid = self.sample_local(rn, rt, k)
+        idx, valid = self.sample_local(rn, rt, k, salt)
         idx = idx.clamp(max=max(g.nbr.numel() - 1, 0))
         m = rn.numel()
         out = torch.full((m, 3, k), -1, dtype=torch.long)
@@ -164,13 +167,13 @@ class NeighborSampler:
         row, col = nz[:, 0], nz[:, 1]
         return row, back[row, 0, col], back[row, 1, col], back[row, 2, col].view(torch.float64)
 
-    def _hop(self, nodes: Tensor, ts: Tensor, k: int, group) -> Hop:
+    def _hop(self, nodes: Tensor, ts: Tensor, k: int, salt: int, group) -> Hop:
         if self.graph.mode == "partitioned":
-            return self._hop_remote(nodes, ts, k, group)
-        return self._hop_local(nodes, ts, k)
+            return self._hop_remote(nodes, ts, k, salt, group)
+        return self._hop_local(nodes, ts, k, salt)
 
     # --------------------------------------------------------------- public
-    def sample(self, nodes: Tensor, ts: Tensor, group=None) -> List[Block]:
+    def sample(self, nodes: Tensor, ts: Tensor, group=None, epoch: Optional[int] = None) -> List[Block]:
         """Sample ``num_layers`` hops around ``nodes`` queried at ``ts``.
 
         A collective in ``'partitioned'`` mode (one all-to-all round per hop): every
@@ -180,6 +183,8 @@ class NeighborSampler:
             nodes: root global ids ``[R]`` (int64).
             ts: root query times ``[R]`` (float64).
             group: process group for partitioned requests (default world).
+            epoch: keys the uniform draws (default: the one set by :meth:`set_epoch`);
+                the loader passes its own, so concurrent loaders never race.
         Returns:
             ``L`` blocks, input-first. Block ``l`` (counted from the roots) has
             ``srcdata['ID']``, ``srcdata['ts']`` ``[S_l]``, ``edata['ID']`` (eids),
@@ -192,6 +197,7 @@ class NeighborSampler:
         if nodes.numel() and (int(nodes.min()) < 0 or int(nodes.max()) >= self.num_nodes):
             raise ValueError(f"root ids must lie in [0, {self.num_nodes})")
         blocks: List[Block] = []
+        salt = self.salt(epoch)
         with num_threads(self.workers):
             dst_id, dst_ts = nodes, ts
             prev: Optional[Hop] = None
@@ -199,11 +205,11 @@ class NeighborSampler:
             for layer, k in enumerate(self.fanout):
                 if prev is not None and k == self.fanout[layer - 1]:
                     # the first prev_dst destinations were sampled with the same k last hop
-                    new = self._hop(dst_id[prev_dst:], dst_ts[prev_dst:], k, group)
+                    new = self._hop(dst_id[prev_dst:], dst_ts[prev_dst:], k, salt, group)
                     hop = (torch.cat([prev[0], new[0] + prev_dst]),) + tuple(
                         torch.cat([a, b]) for a, b in zip(prev[1:], new[1:]))
                 else:
-                    hop = self._hop(dst_id, dst_ts, k, group)
+                    hop = self._hop(dst_id, dst_ts, k, salt, group)
                 row, nbr, eid, ets = hop
                 d = dst_id.numel()
                 src_id = torch.cat([dst_id, nbr])
@@ -216,9 +222,9 @@ class NeighborSampler:
         blocks.reverse()
         return blocks
 
-    def sample_roots(self, roots: Roots, group=None) -> List[Block]:
+    def sample_roots(self, roots: Roots, group=None, epoch: Optional[int] = None) -> List[Block]:
         """:meth:`sample` on ``roots.nodes`` at ``roots.ts``."""
-        return self.sample(roots.nodes, roots.ts, group)
+        return self.sample(roots.nodes, roots.ts, group, epoch)
 
     def __repr__(self) -> str:
         return (f"NeighborSampler(policy={self.policy!r}, fanout={self.fanout}, "
