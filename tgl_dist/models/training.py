@@ -1,0 +1,83 @@
+"""One pass of link-prediction training or evaluation over a loader (the shared loop).
+
+``run_epoch`` is the loop the example and the benchmarks use; it is short because the
+mailbox write-back is one call (:meth:`SharedMailBox.update`) and the metrics are
+collected over the whole split (:class:`tgl_dist.metrics.LinkPredMetrics`), not
+averaged per batch.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tgl_dist.dist import all_reduce_
+from tgl_dist.metrics import LinkPredMetrics
+from tgl_dist.models.parallel import all_reduce_gradients
+
+
+def link_loss(pos, neg):
+    """``BCE(pos, 1) + BCE(neg, 0)`` (TGL's loss), means over each side."""
+    return (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
+            + F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg)))
+
+
+def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
+              optimizer: Optional[torch.optim.Optimizer] = None,
+              metrics: Optional[LinkPredMetrics] = None, group=None,
+              progress=None) -> Dict[str, float]:
+    """Train (``optimizer`` given) or evaluate (no gradient) over every step of ``loader``.
+
+    Each step: forward -> (loss, backward, gradient all-reduce, optimizer step) ->
+    ``mailbox.update`` with the positive events (memory read before, written after).
+    Every rank runs every step (the loader gives all ranks the same number of steps).
+
+    Args:
+        model: a :class:`TemporalLinkModel` (or anything returning ``LinkPredOutput``).
+        loader: yields ``(roots, mfgs, metadata, sample_time)``.
+        mailbox: the :class:`SharedMailBox` the loader fetches from, or ``None``.
+        optimizer: train when given.
+        metrics: collects ``pos [B]``, first negatives ``[B]`` and all ``k`` negatives.
+        group: process group for the gradient and event-count all-reduces.
+        progress: optional tqdm-like object with ``update(n)`` (rank 0).
+    Returns:
+        ``{'loss': mean loss over steps, 'events': events over all ranks, 'seconds',
+        'events_per_s'}``.
+    """
+    train = optimizer is not None
+    model.train(train)
+    total, steps, events = 0.0, 0, 0
+    t0 = time.perf_counter()
+    with torch.set_grad_enabled(train):
+        for roots, mfgs, meta, _ in loader:
+            out = model(mfgs, meta)
+            pos, neg = out
+            loss = link_loss(pos, neg)
+            if train:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                all_reduce_gradients(model, group)
+                optimizer.step()
+            total += float(loss.detach())
+            steps += 1
+            B = pos.numel()
+            events += B
+            if metrics is not None:
+                k = neg.numel() // max(B, 1)
+                neg_k = neg.detach().view(k, B).t() if k > 1 else None
+                metrics.update(pos.detach(), neg.detach()[:B], neg_k)
+            if mailbox is not None:
+                mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
+                               roots.extra.get("f"), out.embedding, out.mail_uses_embedding,
+                               mfgs[-1])
+            if progress is not None:
+                progress.update(1)
+    seconds = time.perf_counter() - t0
+    cnt = torch.tensor([float(events), total, float(steps)], dtype=torch.float64)
+    all_reduce_(cnt, group=group)
+    ev = int(cnt[0])
+    return {"loss": float(cnt[1] / max(cnt[2], 1)), "events": ev, "seconds": seconds,
+            "events_per_s": ev / max(seconds, 1e-9)}
