@@ -1,0 +1,207 @@
+"""DistributedDataLoader: time-aligned windows, exactly-once visits, empty windows, features, hooks."""
+import io
+import threading
+
+import pytest
+import torch
+
+from tgl_dist.data import TemporalGraph
+from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
+from tgl_dist.loader import DistributedDataLoader, GlobalSchedule
+from tgl_dist.partition import partition_graph, partition_load
+from tgl_dist.sampling import NegativeSampling, NeighborSampler
+from tgl_dist.testing import run_distributed
+
+
+def pack(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def unpack(b: bytes):
+    return torch.load(io.BytesIO(b), weights_only=False)
+
+
+def featured_prefix(wiki, n):
+    ids = torch.arange(wiki.num_nodes, dtype=torch.float32)
+    return TemporalGraph(wiki.src[:n], wiki.dst[:n], wiki.t[:n], num_nodes=wiki.num_nodes,
+                         node_feat=torch.stack([ids, -2 * ids], 1),
+                         edge_attr=torch.arange(n, dtype=torch.float32).view(-1, 1) * 3 + 1,
+                         name="wikiprefix")
+
+
+def skewed_graph():
+    """Rank 1 (odd sources under `hash`) owns no event in the first 60 events."""
+    g = torch.Generator().manual_seed(0)
+    n = 200
+    src = torch.randint(0, 10, (n,), generator=g) * 2
+    src[60:] += torch.randint(0, 2, (n - 60,), generator=g)
+    dst = 20 + torch.randint(0, 15, (n,), generator=g)
+    return TemporalGraph(src, dst, torch.arange(n, dtype=torch.float64) / 2, num_nodes=35, name="skewed")
+
+
+@pytest.fixture(scope="module")
+def parts(wiki, tmp_path_factory):
+    out = tmp_path_factory.mktemp("parts")
+    g = featured_prefix(wiki, 5000)
+    for p in (1, 2):
+        partition_graph(g, p, "random", out, seed=2)
+    s = skewed_graph()
+    for p in (1, 2):
+        partition_graph(s, p, "hash", out)
+    return g, s, out
+
+
+# ------------------------------------------------------------------------ unit
+def test_schedule_boundaries_and_windows():
+    sch = GlobalSchedule(torch.arange(10), torch.arange(10, dtype=torch.float64))
+    assert sch.boundaries(4) == [0, 4, 8, 10]
+    assert sch.boundaries(4, drop_last=True) == [0, 4, 8]
+    assert sch.boundaries(4, offset=2) == [0, 2, 6, 10]
+    w = sch.windows([0, 4, 8, 10])
+    assert [(x.lo, x.hi, x.t_start, x.t_end) for x in w] == [(0, 4, 0.0, 3.0), (4, 8, 4.0, 7.0),
+                                                            (8, 10, 8.0, 9.0)]
+
+
+def _collect(loader, epochs=1, stop_after=None):
+    out = []
+    for e in range(epochs):
+        steps = []
+        for i, (roots, mfgs, meta, st) in enumerate(loader):
+            steps.append(dict(eid=roots.eids, window=meta["window"], nodes=roots.nodes,
+                              neg=roots.extra.get("neg_dst"), st=st))
+            check_step(loader.graph, roots, mfgs, meta)
+            if stop_after is not None and i + 1 == stop_after:
+                break
+        out.append(steps)
+    return out
+
+
+def check_step(graph, roots, mfgs, meta):
+    B = len(roots)
+    assert torch.equal(roots.nodes[meta["src_pos_index"]], roots.src)
+    assert torch.equal(roots.nodes[meta["dst_pos_index"]], roots.dst)
+    assert meta["dst_neg_index"].numel() == meta["neg_k"] * B
+    for b in mfgs:
+        assert torch.equal(b.srcdata["ID"][:roots.nodes.numel()], roots.nodes)
+        if graph.node_feat_dim:
+            assert torch.equal(b.srcdata["h"][:, 0], b.srcdata["ID"].float())
+        if graph.edge_feat_dim:
+            assert torch.equal(b.edata["f"][:, 0], b.edata["ID"].float() * 3 + 1)
+        assert bool((b.edata["dt"] > 0).all())
+    if graph.edge_feat_dim:
+        assert torch.equal(roots.extra["f"][:, 0], roots.eids.float() * 3 + 1)
+
+
+def _loader_worker(root, skew_root):
+    from tgl_dist import DistributedContext
+    DistributedContext.init()
+    pdata = partition_load(root, "random")
+    graph = DistributedGraphStore(pdata)
+    tg = TemporalNeighborSampleGraph(pdata, "partitioned")
+    sampler = NeighborSampler(graph.num_nodes, 2, [5, 3], tg, policy="uniform", workers=1)
+    train = DistributedDataLoader(graph, "train", sampler, neg_sampler=NegativeSampling(),
+                                  batch_size=150, chunk_size=50, queue_size=2)
+    val = DistributedDataLoader(graph, "val", sampler, neg_sampler=NegativeSampling(),
+                                batch_size=150, train=False, queue_size=2)
+    res = {"train": _collect(train, 2), "val": _collect(val, 2), "len": len(train)}
+    res["early"] = _collect(train, 1, stop_after=2)  # leaving early must not hang the next epoch
+    res["after_early"] = _collect(train, 1)
+    # skewed partition: rank 1 has no events in the first windows
+    sp = partition_load(skew_root, "hash")
+    sg = DistributedGraphStore(sp)
+    ss = NeighborSampler(sg.num_nodes, 2, 4, TemporalNeighborSampleGraph(sp, "partitioned"),
+                         policy="recent", workers=1)
+    for strategy in ("random", "historical"):
+        ld = DistributedDataLoader(sg, "train", ss, neg_sampler=NegativeSampling(strategy=strategy),
+                                   batch_size=10, queue_size=3)
+        res[f"skew_{strategy}"] = _collect(ld, 1)
+    return pack(res)
+
+
+@pytest.mark.distributed
+def test_two_rank_loader(parts):
+    g, s, out = parts
+    r0, r1 = [unpack(b) for b in run_distributed(_loader_worker, 2, str(out / g.name),
+                                                  str(out / s.name), timeout=240)]
+    train_eids = g.eid[g.train_mask]
+    for split, eids in (("train", train_eids), ("val", g.eid[g.val_mask])):
+        for e in range(2):
+            a, b = r0[split][e], r1[split][e]
+            assert len(a) == len(b), "ranks ran different numbers of steps"
+            seen = torch.cat([x["eid"] for x in a] + [x["eid"] for x in b])
+            assert seen.numel() == eids.numel() and torch.equal(seen.sort().values, eids)
+            for x, y in zip(a, b):
+                assert x["window"] == y["window"]
+                lo, hi = x["window"]
+                for z in (x, y):  # global positions of the rank's events lie in the window
+                    pos = torch.searchsorted(eids, z["eid"])
+                    assert bool(((pos >= lo) & (pos < hi)).all())
+    # chunk scheduling moved the boundaries between epochs; val windows did not move
+    assert [x["window"] for x in r0["train"][0]] != [x["window"] for x in r0["train"][1]]
+    assert [x["window"] for x in r0["val"][0]] == [x["window"] for x in r0["val"][1]]
+    # evaluation negatives are fixed across epochs; training negatives change
+    for rank in (r0, r1):
+        assert all(torch.equal(x["neg"], y["neg"]) for x, y in zip(rank["val"][0], rank["val"][1]))
+        n0 = torch.cat([x["neg"] for x in rank["train"][0]])
+        n1 = torch.cat([x["neg"] for x in rank["train"][1]])
+        assert not torch.equal(n0, n1)
+    assert len(r0["early"][0]) == 2
+    assert len(r0["after_early"][0]) == len(r1["after_early"][0])
+    # skewed partition: rank 1 is empty in the first windows, yet both ranks finish together
+    for strategy in ("random", "historical"):
+        a, b = r0[f"skew_{strategy}"][0], r1[f"skew_{strategy}"][0]
+        assert len(a) == len(b) == 7  # 140 training events / (10 * 2)
+        assert b[0]["eid"].numel() == 0 and a[0]["eid"].numel() == 20
+        seen = torch.cat([x["eid"] for x in a + b]).sort().values
+        assert torch.equal(seen, s.eid[s.train_mask])
+    # same negatives for the same event in one and two processes (val, random)
+    pdata = partition_load(out / g.name, "random")
+    graph = DistributedGraphStore(pdata)
+    tg = TemporalNeighborSampleGraph(pdata, "full")
+    sampler = NeighborSampler(graph.num_nodes, 2, [5, 3], tg, policy="uniform", workers=1)
+    one = _collect(DistributedDataLoader(graph, "val", sampler, neg_sampler=NegativeSampling(),
+                                         batch_size=300, train=False, queue_size=0))[0]
+    neg1 = dict(zip(torch.cat([x["eid"] for x in one]).tolist(), torch.cat([x["neg"] for x in one]).tolist()))
+    two = r0["val"][0] + r1["val"][0]
+    neg2 = dict(zip(torch.cat([x["eid"] for x in two]).tolist(), torch.cat([x["neg"] for x in two]).tolist()))
+    assert neg1 == neg2
+    assert [x["window"] for x in one] == [x["window"] for x in r0["val"][0]]
+
+
+class RecordingMailbox:
+    def __init__(self):
+        self.calls = []
+
+    def prepare_input(self, mfgs):
+        self.calls.append((threading.current_thread() is threading.main_thread(), len(mfgs)))
+
+
+def test_single_process_chronological_and_mailbox_hook(parts):
+    g, _, out = parts
+    pdata = partition_load(out / g.name, "random")
+    graph = DistributedGraphStore(pdata)
+    sampler = NeighborSampler(graph.num_nodes, 1, 10, TemporalNeighborSampleGraph(pdata, "full"),
+                              workers=1)
+    mb = RecordingMailbox()
+    ld = DistributedDataLoader(graph, "train", sampler, neg_sampler=NegativeSampling(num_neg=3),
+                               batch_size=256, queue_size=2, mailbox=mb)
+    steps = _collect(ld)[0]
+    assert len(steps) == len(ld) == -(-int(g.train_mask.sum()) // 256)
+    eids = torch.cat([x["eid"] for x in steps])
+    assert torch.equal(eids, g.eid[g.train_mask])  # plain chronological batching
+    assert all(x["eid"].numel() == 256 for x in steps[:-1])
+    assert mb.calls and all(main and n == 1 for main, n in mb.calls)
+    assert len(mb.calls) == len(steps)
+    with pytest.raises(ValueError, match="shuffle"):
+        DistributedDataLoader(graph, "train", sampler, shuffle=True, mailbox=mb)
+    with pytest.raises(ValueError, match="chunk_size"):
+        DistributedDataLoader(graph, "train", sampler, batch_size=100, chunk_size=30)
+    # drop_last and no sampler (memory-only models get one edge-less block over the roots)
+    ld = DistributedDataLoader(graph, "val", None, neg_sampler=None, batch_size=256, drop_last=True,
+                               train=False, queue_size=0)
+    steps = list(ld)
+    assert all(len(r) == 256 for r, _, _, _ in steps)
+    r, mfgs, meta, _ = steps[0]
+    assert len(mfgs) == 1 and mfgs[0].num_edges == 0 and mfgs[0].num_dst == 512

@@ -1,0 +1,79 @@
+"""NegativeSampling against DyGLib's definitions on small hand-built streams."""
+import pytest
+import torch
+
+from tgl_dist.sampling import NegativeSampling
+from tgl_dist.sampling.negative import Stream
+
+#          pair:  (0,5) (1,6) (0,5) (2,7) (3,8) (1,6) (4,9) (2,7) (3,9)
+SRC = torch.tensor([0, 1, 0, 2, 3, 1, 4, 2, 3])
+DST = torch.tensor([5, 6, 5, 7, 8, 6, 9, 7, 9])
+T = torch.tensor([1., 2., 3., 4., 5., 6., 7., 8., 9.], dtype=torch.float64)
+N = 10
+
+
+def stream():
+    return Stream(SRC, DST, T, N)
+
+
+def pairs(s, d):
+    return set(zip(s.tolist(), d.tolist()))
+
+
+def test_historical_candidates_are_h_minus_c():
+    ns = NegativeSampling(strategy="historical", seed=1)
+    b = ns.bind("val", False, stream(), torch.unique(DST))
+    # batch [6, 8]: H = pairs with t <= 6: (0,5),(1,6),(2,7),(3,8); C = pairs in [6, 8]: (1,6),(4,9),(2,7)
+    cand = b._candidates(6.0, 8.0)
+    assert pairs(cand // N, cand % N) == {(0, 5), (3, 8)}
+    s, d = b.window(6.0, 8.0, 2, window_id=5, epoch=0, pos_src=SRC[5:8], pos_dst=DST[5:8])
+    assert pairs(s, d) == {(0, 5), (3, 8)}  # enough candidates: drawn without replacement
+    # too few candidates: all of them plus fill from unique src x unique dst minus positives
+    s, d = b.window(6.0, 8.0, 6, window_id=5, epoch=0, pos_src=SRC[5:8], pos_dst=DST[5:8])
+    got = list(zip(s.tolist(), d.tolist()))
+    assert len(got) == 6
+    assert set(got[-2:]) == {(0, 5), (3, 8)}  # DyGLib order: random fill first, then historical
+    for p in got[:4]:
+        assert p[0] in set(SRC.tolist()) and p[1] in set(DST.tolist())
+        assert p not in pairs(SRC[5:8], DST[5:8])
+    # deterministic for a window; evaluation ignores the epoch
+    assert torch.equal(b.window(6.0, 8.0, 6, 5, 0, SRC[5:8], DST[5:8])[1],
+                       b.window(6.0, 8.0, 6, 5, 9, SRC[5:8], DST[5:8])[1])
+
+
+def test_inductive_candidates_first_seen_after_observation():
+    ns = NegativeSampling(strategy="inductive")
+    with pytest.raises(ValueError, match="T_obs"):
+        ns.bind("test", False, stream(), torch.unique(DST))
+    b = ns.bind("test", False, stream(), torch.unique(DST), last_observed_time=3.0)
+    # batch [9, 9]: H = all pairs with t <= 9; O = pairs with t <= 3: (0,5),(1,6); C = (3,9)
+    cand = b._candidates(9.0, 9.0)
+    assert pairs(cand // N, cand % N) == {(2, 7), (3, 8), (4, 9)}
+    s, d = b.window(9.0, 9.0, 3, 8, 0, SRC[8:], DST[8:])
+    assert pairs(s, d) == {(2, 7), (3, 8), (4, 9)}
+
+
+def test_random_per_event_deterministic_and_in_pool():
+    pool = torch.tensor([5, 7, 9])
+    ns = NegativeSampling(strategy="random", num_neg=4, seed=3)
+    ev = ns.bind("val", False, Stream(SRC[:0], DST[:0], T[:0], N), pool)
+    eid = torch.arange(2000)
+    a = ev.random(eid, epoch=0)
+    assert a.shape == (4, 2000) and bool(torch.isin(a, pool).all())
+    # the same event gets the same negatives whatever batch it is in; evaluation ignores epochs
+    assert torch.equal(ev.random(eid[1000:1100], epoch=5), a[:, 1000:1100])
+    counts = torch.bincount(a.reshape(-1), minlength=10)[pool].float()
+    assert float((counts - 8000 / 3).abs().max()) < 200  # uniform over the pool
+    tr = ns.bind("train", True, Stream(SRC[:0], DST[:0], T[:0], N), pool)
+    assert not torch.equal(tr.random(eid, 0), tr.random(eid, 1))
+    assert torch.equal(tr.random(eid, 1), tr.random(eid, 1))
+    assert not torch.equal(tr.random(eid, 0), a)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="strategy"):
+        NegativeSampling(strategy="hard")
+    with pytest.raises(ValueError, match="mode"):
+        NegativeSampling(mode="pair")
+    with pytest.raises(ValueError, match="num_neg"):
+        NegativeSampling(num_neg=0)

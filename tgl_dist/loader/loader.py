@@ -1,0 +1,333 @@
+"""``DistributedDataLoader``: time-aligned mini-batches with background sampling.
+
+Per step the loader yields ``(roots, mfgs, metadata, sample_time)``:
+
+* ``roots``: :class:`~tgl_dist.sampling.Roots`; ``roots.nodes = [src | dst | neg_dst
+  (| neg_src)]`` queried at the events' times; ``roots.extra['f']`` holds the batch
+  events' own features when the graph has edge features;
+* ``mfgs``: the sampler's blocks (input-first) with ``srcdata['h']`` node features and
+  ``edata['f']`` edge features attached (fetched from their owners); without a
+  sampler a single edge-less block over the roots (for memory-only models, JODIE);
+* ``metadata``: positions of the roots in every block's sources (root ``i`` is source
+  ``i`` of every block): ``src_pos_index`` ``[B]``, ``dst_pos_index`` ``[B]``,
+  ``dst_neg_index`` ``[k*B]`` and ``src_neg_index`` ``[k*B]`` (negatives j-major:
+  entry ``j*B + i`` is negative j of event i), ``neg_k`` = k, ``num_pos`` = B;
+* ``sample_time``: seconds spent building the step (in the background thread).
+
+Ranks advance together (:mod:`tgl_dist.loader.schedule`). Structure sampling, negative
+sampling and feature fetches for the next ``queue_size`` steps run in a background
+thread whose collectives use the loader's own process group, so they never interleave
+with the training loop's collectives. The mailbox is NOT read there: memory must be
+read after the previous step's update was applied, so ``mailbox.prepare_input(mfgs)``
+runs in the caller's thread when the step is handed out.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from tgl_dist.dist import all_gather_v, world
+from tgl_dist.graph.store import DistributedGraphStore, EventSet
+from tgl_dist.loader.schedule import GlobalSchedule, Window
+from tgl_dist.sampling.block import Block, Roots
+from tgl_dist.sampling.hashing import hash_keys
+from tgl_dist.sampling.negative import BoundNegatives, NegativeSampling, Stream
+from tgl_dist.sampling.neighbor import NeighborSampler
+
+log = logging.getLogger(__name__)
+
+Step = Tuple[Roots, List[Block], dict, float]
+_END = object()
+
+
+class SampleType(enum.Enum):
+    """What a batch's roots are (``sampler_fn``); only temporal edges for CTDG link prediction."""
+
+    SAMPLE_FROM_TEMPORAL_EDGES = "temporal_edges"
+
+
+SAMPLE_TYPE = SampleType
+
+
+def new_group():
+    """A fresh process group over all ranks for background work (``None`` in a world of one).
+
+    Collective: every rank must call it (the loaders of a run must be built in the
+    same order on every rank).
+    """
+    if world()[1] == 1:
+        return None
+    from tgl_dist.context import DistributedContext
+    return DistributedContext.init().new_group()
+
+
+def _global_unique(x: Tensor, group) -> Tensor:
+    return torch.unique(all_gather_v(torch.unique(x), group))
+
+
+def _global_max(x: Tensor, group) -> float:
+    m = torch.tensor([float(x.max()) if x.numel() else float("-inf")], dtype=torch.float64)
+    return float(all_gather_v(m, group).max())
+
+
+class DistributedDataLoader:
+    """Iterates this rank's events of a split in time-aligned global windows.
+
+    Args:
+        graph: this rank's :class:`DistributedGraphStore`.
+        data: the rank's events of the split (:class:`EventSet`) or a split name
+            (``'train'``, ``'val'``, ``'test'``, ...; built with ``graph.split_events``).
+        sampler: a :class:`NeighborSampler` or ``None`` (no neighbours).
+        sampler_fn: ``None`` / ``SAMPLE_TYPE.SAMPLE_FROM_TEMPORAL_EDGES`` (roots are the
+            events' endpoints), or a callable ``fn(sampler, roots, group, epoch) -> mfgs``.
+        neg_sampler: a :class:`NegativeSampling` or ``None`` (no negatives).
+        batch_size: events per rank per step; a window holds ``batch_size * world_size``
+            global events.
+        shuffle: visit windows in a random order (seeded, same on all ranks); only
+            without a mailbox (memory needs chronological order).
+        drop_last: drop a last window smaller than ``batch_size * world_size``.
+        chunk_size: TGL random chunk scheduling (training only; see schedule.py).
+        train: training (new negatives/uniform draws each epoch, chunk scheduling) or
+            evaluation (fixed draws).
+        queue_size: steps sampled ahead in the background thread (0: no thread).
+        mailbox: object with ``prepare_input(mfgs)`` (filled by the memory module) or None.
+        seed: seeds chunk offsets and shuffling.
+        group: process group of the background collectives (default: a new one).
+    """
+
+    def __init__(self, graph: DistributedGraphStore, data: Union[EventSet, str],
+                 sampler: Optional[NeighborSampler] = None,
+                 sampler_fn: Union[None, SampleType, Callable] = None,
+                 neg_sampler: Optional[NegativeSampling] = None, batch_size: int = 600,
+                 shuffle: bool = False, drop_last: bool = False, chunk_size: Optional[int] = None,
+                 train: bool = True, queue_size: int = 4, mailbox: Any = None, seed: int = 0,
+                 group: Any = "new") -> None:
+        if isinstance(data, str):
+            data = graph.split_events(data)
+        if not isinstance(data, EventSet):
+            raise TypeError(f"data must be an EventSet or a split name, got {type(data).__name__}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if shuffle and mailbox is not None:
+            raise ValueError("shuffle=True with a mailbox: node memory needs chronological batches")
+        if sampler_fn not in (None, SampleType.SAMPLE_FROM_TEMPORAL_EDGES) and not callable(sampler_fn):
+            raise ValueError(f"sampler_fn must be SAMPLE_TYPE.SAMPLE_FROM_TEMPORAL_EDGES, None or a "
+                             f"callable, got {sampler_fn!r}")
+        self.graph = graph
+        self.data = data
+        self.sampler = sampler
+        self.sampler_fn = sampler_fn if callable(sampler_fn) else None
+        self.neg_sampler = neg_sampler
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.train = bool(train)
+        self.chunk_size = int(chunk_size) if chunk_size else None
+        self.queue_size = int(queue_size or 0)
+        self.mailbox = mailbox
+        self.seed = int(seed)
+        self.rank, self.world_size = world()
+        self.group = new_group() if group == "new" else group
+        self.window = self.batch_size * self.world_size
+        if self.chunk_size is not None and (self.chunk_size < 1 or self.window % self.chunk_size):
+            raise ValueError(f"chunk_size={chunk_size} must divide batch_size * world_size = {self.window}")
+        self.schedule = GlobalSchedule(data.eid, data.t, self.group)
+        self.negatives = self._bind_negatives() if neg_sampler is not None else None
+        self.epoch = -1
+        self._thread: Optional[threading.Thread] = None
+
+    # -------------------------------------------------------------- negatives
+    def _bind_negatives(self) -> BoundNegatives:
+        ns, g, grp = self.neg_sampler, self.graph, self.group
+        split = self.data.name
+        if self.train or split.startswith("new_node"):
+            own = self.data
+        else:
+            own = g.split_events("all")
+        stream = None
+        if ns.strategy == "random":
+            pool = _global_unique(own.dst, grp)
+            stream = Stream(own.src[:0], own.dst[:0], own.t[:0], g.num_nodes)
+        else:
+            src, dst = all_gather_v(own.src, grp), all_gather_v(own.dst, grp)
+            t, eid = all_gather_v(own.t, grp), all_gather_v(own.eid, grp)
+            o = torch.sort(eid).indices
+            stream = Stream(src[o], dst[o], t[o], g.num_nodes)
+            pool = torch.unique(stream.dst)
+        t_obs = None
+        if ns.strategy == "inductive":
+            prev = "train" if split in ("val", "new_node_val") else "val"
+            t_obs = _global_max(g.split_events(prev).t, grp)
+        return ns.bind(split, self.train, stream, pool, t_obs)
+
+    # ----------------------------------------------------------------- epochs
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration runs epoch ``epoch`` (default: one more than the last)."""
+        self.epoch = int(epoch) - 1
+
+    def _plan(self, epoch: int) -> List[Window]:
+        offset = 0
+        key = int(hash_keys(self.seed, torch.tensor(epoch))) & ((1 << 62) - 1)
+        if self.train and self.chunk_size:
+            offset = (key % (self.window // self.chunk_size)) * self.chunk_size
+        wins = self.schedule.windows(self.schedule.boundaries(self.window, offset, self.drop_last))
+        if self.shuffle:
+            g = torch.Generator().manual_seed(key)
+            wins = [wins[i] for i in torch.randperm(len(wins), generator=g).tolist()]
+        return wins
+
+    def __len__(self) -> int:
+        return len(self.schedule.windows(self.schedule.boundaries(self.window, 0, self.drop_last)))
+
+    # ------------------------------------------------------------------ steps
+    def _roots(self, w: Window, epoch: int) -> Tuple[Roots, dict]:
+        ev = self.data.select(torch.arange(w.lo, w.hi))
+        B = len(ev)
+        nodes, ts = [ev.src, ev.dst], [ev.t, ev.t]
+        ar = torch.arange(B)
+        meta = {"src_pos_index": ar, "dst_pos_index": ar + B, "num_pos": B, "neg_k": 0}
+        extra = {}
+        ng = self.negatives
+        if ng is not None:
+            k = ng.cfg.num_neg
+            if ng.cfg.strategy == "random":
+                neg_dst = ng.random(ev.eid, epoch).reshape(-1)
+                neg_src = None
+            else:
+                gs, ge = w.start, w.end
+                pairs = ng.window(w.t_start, w.t_end, (ge - gs) * k, gs, epoch,
+                                  self._window_pos(gs, ge, "src"), self._window_pos(gs, ge, "dst"))
+                pos = (self.schedule.local_pos[w.lo:w.hi] - gs)
+                sel = (torch.arange(k).view(k, 1) * (ge - gs) + pos.view(1, -1)).reshape(-1)
+                neg_src, neg_dst = pairs[0][sel], pairs[1][sel]
+            tk = ev.t.repeat(k)
+            nodes.append(neg_dst)
+            ts.append(tk)
+            meta["dst_neg_index"] = torch.arange(2 * B, 2 * B + k * B)
+            if neg_src is None:
+                meta["src_neg_index"] = ar.repeat(k)
+            else:
+                nodes.append(neg_src)
+                ts.append(tk)
+                meta["src_neg_index"] = torch.arange(2 * B + k * B, 2 * B + 2 * k * B)
+                extra["neg_src"] = neg_src
+            extra["neg_dst"] = neg_dst
+            meta["neg_k"] = k
+        roots = Roots(torch.cat(nodes), torch.cat(ts), ev.eid, ev.src, ev.dst, ev.t, extra)
+        if self.graph.edge_feat_dim:
+            roots.extra["f"] = self.graph.local_edge_feat(ev.eid)
+        return roots, meta
+
+    def _window_pos(self, gs: int, ge: int, which: str) -> Tensor:
+        """Positive src or dst of global window ``[gs, ge)`` (from the negative sampler's stream)."""
+        st = self.negatives.stream
+        eids = self.schedule.eid[gs:ge]
+        if st.src.numel() == self.graph.num_events:
+            idx = eids
+        else:  # the stream is the split itself
+            idx = torch.arange(gs, ge)
+        return (st.src if which == "src" else st.dst)[idx]
+
+    def _make(self, w: Window, epoch: int) -> Step:
+        t0 = time.perf_counter()
+        roots, meta = self._roots(w, epoch)
+        samp_epoch = epoch if self.train else -1
+        if self.sampler_fn is not None:
+            mfgs = self.sampler_fn(self.sampler, roots, self.group, samp_epoch)
+        elif self.sampler is not None:
+            mfgs = self.sampler.sample(roots.nodes, roots.ts, self.group, samp_epoch)
+        else:
+            e = torch.zeros(0, dtype=torch.long)
+            mfgs = [Block({"ID": roots.nodes, "ts": roots.ts},
+                          {"ID": e, "dt": torch.zeros(0)}, torch.zeros(2, 0, dtype=torch.long),
+                          int(roots.nodes.numel()))]
+        self._attach_features(mfgs)
+        meta["window"] = (w.start, w.end)
+        return roots, mfgs, meta, time.perf_counter() - t0
+
+    def _attach_features(self, mfgs: List[Block]) -> None:
+        g = self.graph
+        if g.node_feat_dim and mfgs:
+            h = g.get_node_feat(mfgs[0].srcdata["ID"], self.group)  # sources of all blocks
+            for b in mfgs:
+                b.srcdata["h"] = h[:b.num_src]
+        if g.edge_feat_dim and mfgs:
+            f = g.get_edge_feat(torch.cat([b.edata["ID"] for b in mfgs]), self.group)
+            for b, part in zip(mfgs, torch.split(f, [b.num_edges for b in mfgs])):
+                b.edata["f"] = part
+
+    # -------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[Step]:
+        self._join()
+        self.epoch += 1
+        epoch = self.epoch
+        wins = self._plan(epoch)
+        if self.queue_size <= 0:
+            for w in wins:
+                yield self._hand_out(self._make(w, epoch))
+            return
+        q: "queue.Queue" = queue.Queue(maxsize=self.queue_size)
+        stop = threading.Event()
+        th = threading.Thread(target=self._produce, args=(wins, epoch, q, stop),
+                              name=f"tgl_dist-loader-{self.data.name}", daemon=True)
+        self._thread, self._stop = th, stop
+        th.start()
+        try:
+            while True:
+                item = q.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield self._hand_out(item)
+        finally:
+            stop.set()
+            while th.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    q.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            th.join()
+            self._thread = None
+
+    def _hand_out(self, step: Step) -> Step:
+        if self.mailbox is not None:
+            self.mailbox.prepare_input(step[1])
+        return step
+
+    def _produce(self, wins: List[Window], epoch: int, q: "queue.Queue", stop: threading.Event) -> None:
+        if self.sampler is not None and self.sampler.workers:
+            torch.set_num_threads(self.sampler.workers)
+        try:
+            for w in wins:
+                if stop.is_set() and self.world_size == 1:
+                    return
+                step = self._make(w, epoch)  # after a stop on >1 ranks: finish the epoch's collectives
+                while not stop.is_set():
+                    try:
+                        q.put(step, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+            q.put(_END)
+        except BaseException as e:  # hand the failure to the consumer
+            log.exception("loader background thread failed")
+            q.put(e)
+
+    def _join(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
+        self._thread = None
+
+    def __repr__(self) -> str:
+        return (f"DistributedDataLoader(split={self.data.name!r}, events={len(self.data)}, "
+                f"steps={len(self)}, batch_size={self.batch_size}, world_size={self.world_size}, "
+                f"train={self.train})")

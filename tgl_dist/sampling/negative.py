@@ -1,0 +1,195 @@
+"""``NegativeSampling``: negative destinations (and sources) for link prediction, as DyGLib defines them.
+
+Strategies (``mode='triplet'``: each positive event ``(u, v, t)`` gets ``num_neg``
+negatives queried at ``t``):
+
+* ``'random'``: negative destination uniform over the unique destination ids of
+  the sampler's stream: the **training** split's events when training, **all**
+  events for validation/test, the split's own events for the new-node splits
+  (TGN / DyGLib). The negative source is the positive source. Collisions with the
+  positive destination are not filtered (as in DyGLib).
+* ``'historical'``: for a batch spanning ``[t_s, t_e]``: H = unique (src, dst) pairs
+  with ``t <= t_s`` in the stream, C = pairs with ``t`` in ``[t_s, t_e]``; draw the
+  batch's negatives without replacement from ``H \\ C``; when too few, take all of it
+  and fill the rest from ``unique src x unique dst`` minus the batch's positives.
+  Negative sources and destinations both come from the pairs.
+* ``'inductive'``: like historical, with candidates ``H \\ O \\ C`` where O = pairs
+  with ``t <= T_obs`` (last training time for validation, last validation time for
+  test): pairs first seen after the observed period.
+
+Determinism (what makes numbers comparable):
+
+* ``random`` draws are a hash of ``(seed, epoch or split, eid, j)``: the negative of
+  an event is the same whichever rank holds it and however many ranks there are.
+  Training uses a new key every epoch; evaluation keys depend on the split only, so
+  every evaluation of a split sees the same negatives.
+* ``historical`` / ``inductive`` draw a whole global batch window at once (every rank
+  draws it identically from the globally gathered stream, seeded by the window's
+  position) and each rank takes the entries of its own events. Results equal a
+  single process whose batch is that window (``batch_size * world_size`` events).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from tgl_dist.sampling.hashing import hash_keys, uniform_below
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("random", "historical", "inductive")
+_SPLIT_KEY = {"train": 1, "val": 2, "new_node_val": 3, "test": 4, "new_node_test": 5,
+              "inductive_train": 6, "all": 7}
+
+
+@dataclass
+class Stream:
+    """A global event stream (every rank holds the same copy), chronological.
+
+    Attributes: src, dst ``[E']`` int64; t ``[E']`` float64; num_nodes N.
+    """
+
+    src: Tensor
+    dst: Tensor
+    t: Tensor
+    num_nodes: int
+
+
+class NegativeSampling:
+    """Negative sampler configuration, shared by a run's loaders.
+
+    Args:
+        mode: only ``'triplet'`` (source, positive destination, negative destination).
+        strategy: ``'random'``, ``'historical'`` or ``'inductive'``.
+        num_neg: negatives per positive event (k).
+        seed: base seed.
+    """
+
+    def __init__(self, mode: str = "triplet", strategy: str = "random", num_neg: int = 1,
+                 seed: int = 0) -> None:
+        if mode != "triplet":
+            raise ValueError(f"mode must be 'triplet', got {mode!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if int(num_neg) < 1:
+            raise ValueError(f"num_neg must be >= 1, got {num_neg}")
+        self.mode = mode
+        self.strategy = strategy
+        self.num_neg = int(num_neg)
+        self.seed = int(seed)
+
+    @property
+    def has_neg_src(self) -> bool:
+        """True when negatives come with their own sources (historical, inductive)."""
+        return self.strategy != "random"
+
+    def bind(self, split: str, train: bool, stream: Stream, dst_pool: Tensor,
+             last_observed_time: Optional[float] = None) -> "BoundNegatives":
+        """The sampler for one loader (a split). Not a collective: the caller gathers.
+
+        Args:
+            split: the split's name (keys evaluation draws).
+            train: training (new draws every epoch) or evaluation (fixed draws).
+            stream: the global stream H and C are taken from (historical, inductive).
+            dst_pool: unique destination ids random negatives are drawn from ``[P]``.
+            last_observed_time: T_obs (inductive only).
+        """
+        if self.strategy == "inductive" and last_observed_time is None:
+            raise ValueError("strategy='inductive' needs the last observed time (T_obs)")
+        return BoundNegatives(self, split, train, stream, dst_pool, last_observed_time)
+
+    def __repr__(self) -> str:
+        return f"NegativeSampling(mode={self.mode!r}, strategy={self.strategy!r}, num_neg={self.num_neg})"
+
+
+class BoundNegatives:
+    """A :class:`NegativeSampling` bound to one split's stream (built by the loader)."""
+
+    def __init__(self, cfg: NegativeSampling, split: str, train: bool, stream: Stream,
+                 dst_pool: Tensor, last_observed_time: Optional[float]) -> None:
+        self.cfg = cfg
+        self.split = split
+        self.train = train
+        self.pool = dst_pool
+        self.stream = stream
+        self.t_obs = last_observed_time
+        if cfg.strategy != "random":
+            self._index_pairs(stream)
+
+    def _key(self, epoch: int) -> int:
+        k = _SPLIT_KEY.get(self.split, 99)
+        return int(hash_keys(self.cfg.seed, torch.tensor(k),
+                             torch.tensor(epoch if self.train else -1)))
+
+    # ---------------------------------------------------------------- random
+    def random(self, eid: Tensor, epoch: int) -> Tensor:
+        """Negative destinations ``[k, B]`` (j-major) for events ``eid`` ``[B]``."""
+        k = self.cfg.num_neg
+        if self.pool.numel() == 0:
+            raise ValueError(f"split {self.split!r}: no destination ids to draw negatives from")
+        j = torch.arange(k).view(k, 1)
+        h = hash_keys(self._key(epoch), eid.view(1, -1), j)
+        return self.pool[uniform_below(h, torch.tensor(self.pool.numel()))]
+
+    # ------------------------------------------------------- historical pairs
+    def _index_pairs(self, s: Stream) -> None:
+        n = max(s.num_nodes, 1)
+        key = s.src * n + s.dst
+        uk, inv = torch.unique(key, return_inverse=True)
+        first = torch.full((uk.numel(),), float("inf"), dtype=torch.float64)
+        first.scatter_reduce_(0, inv, s.t, "amin")
+        o = torch.sort(first, stable=True).indices
+        self._pair_key, self._pair_first = uk[o], first[o]   # pairs by first-seen time
+        self._key_all = key
+        self._n = n
+        self._usrc = torch.unique(s.src)
+        self._udst = torch.unique(s.dst)
+
+    def _candidates(self, t_s: float, t_e: float) -> Tensor:
+        hi = int(torch.searchsorted(self._pair_first, torch.tensor([t_s], dtype=torch.float64), right=True))
+        lo = 0
+        if self.cfg.strategy == "inductive":
+            lo = int(torch.searchsorted(self._pair_first, torch.tensor([float(self.t_obs)],
+                                                                       dtype=torch.float64), right=True))
+            lo = min(lo, hi)
+        cand = self._pair_key[lo:hi]
+        a = int(torch.searchsorted(self.stream.t, torch.tensor([t_s], dtype=torch.float64), right=False))
+        b = int(torch.searchsorted(self.stream.t, torch.tensor([t_e], dtype=torch.float64), right=True))
+        cur = self._key_all[a:b]
+        return cand[~torch.isin(cand, cur)] if cur.numel() else cand
+
+    def window(self, t_s: float, t_e: float, size: int, window_id: int, epoch: int,
+               pos_src: Tensor, pos_dst: Tensor) -> Tuple[Tensor, Tensor]:
+        """Negative ``(src, dst)`` pairs ``[size]`` for a whole global batch window.
+
+        Args:
+            t_s, t_e: the window's first and last event times.
+            size: number of negatives (window events x k).
+            window_id: the window's global start position (keys the draw).
+            pos_src, pos_dst: the window's positive pairs (excluded from the fill).
+        """
+        g = torch.Generator().manual_seed(int(hash_keys(self._key(epoch), torch.tensor(window_id)))
+                                          & ((1 << 62) - 1))
+        cand = self._candidates(t_s, t_e)
+        if cand.numel() >= size:
+            pick = cand[torch.randperm(cand.numel(), generator=g)[:size]]
+            return pick // self._n, pick % self._n
+        fill = size - cand.numel()
+        fs, fd = self._fill(fill, pos_src * self._n + pos_dst, g)
+        return torch.cat([fs, cand // self._n]), torch.cat([fd, cand % self._n])
+
+    def _fill(self, size: int, pos_keys: Tensor, g: torch.Generator) -> Tuple[Tensor, Tensor]:
+        """Random pairs from unique src x unique dst, avoiding the batch's positives."""
+        s = self._usrc[torch.randint(self._usrc.numel(), (size,), generator=g)]
+        d = self._udst[torch.randint(self._udst.numel(), (size,), generator=g)]
+        for _ in range(10):  # redraw collisions a few times (DyGLib's collision check)
+            bad = torch.isin(s * self._n + d, pos_keys).nonzero().view(-1)
+            if bad.numel() == 0:
+                break
+            s[bad] = self._usrc[torch.randint(self._usrc.numel(), (bad.numel(),), generator=g)]
+            d[bad] = self._udst[torch.randint(self._udst.numel(), (bad.numel(),), generator=g)]
+        return s, d
