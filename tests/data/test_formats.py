@@ -123,3 +123,35 @@ def test_synthetic_by_name_is_a_format_free_dataset():
     assert (g.num_nodes, g.num_events) == (50, 300)
     with pytest.raises(ValueError, match="synthetic"):
         load_dataset("synthetic", format="snap")
+
+
+def test_chunked_reading_matches_and_keeps_line_numbers(tmp_path, monkeypatch):
+    """Files are parsed in chunks of lines; tiny chunks must give the same graph and lines."""
+    from tgl_dist.data.loaders import _common
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in range(300):
+        if k % 37 == 5:
+            rows.append("# comment in the middle")
+        if k % 53 == 7:
+            rows.append("")
+        rows.append(f"{rng.integers(0, 50)},{rng.integers(0, 50)}\t{rng.integers(0, 10**6)}")
+    p = write(tmp_path / "chunks.txt", "\n".join(rows) + "\n")
+    whole = load_snap(p)
+    monkeypatch.setattr(_common, "_CHUNK", 64)
+    tab = _common.read_table(p, names=("src", "dst", "time"), min_cols=3, header=False)
+    assert tab.num_rows == 300
+    text_lines = p.read_text().split("\n")
+    assert all(text_lines[ln - 1][0].isdigit() for ln in tab.lines.tolist())
+    chunked = load_snap(p)
+    assert torch.equal(whole.src, chunked.src) and torch.equal(whole.t, chunked.t)
+    bad_line = len(text_lines) - 10
+    text_lines[bad_line - 1] = "1 2 x"
+    p.write_text("\n".join(text_lines))
+    from tgl_dist.errors import DataFormatError
+    with pytest.raises(DataFormatError, match=f"line {bad_line}, field 'time'"):
+        load_snap(p)
+    text_lines[bad_line - 1] = "1 2"
+    p.write_text("\n".join(text_lines))
+    with pytest.raises(DataFormatError, match=f"line {bad_line}, field 'time'"):
+        load_snap(p)

@@ -128,67 +128,97 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
     raw = read_bytes(path)
     if b"\r" in raw:
         raw = raw.replace(b"\r", b" ")
-    norm = raw.replace(b",", b" ").replace(b"\t", b" ")
-    b = np.frombuffer(norm, dtype=np.uint8)
-    nl = np.flatnonzero(b == _NEWLINE)
+    rb = np.frombuffer(raw, dtype=np.uint8)
+    nl = np.flatnonzero(rb == _NEWLINE)
     line_start = np.concatenate([np.zeros(1, dtype=np.int64), nl + 1])
-    line_end = np.concatenate([nl, np.array([b.size], dtype=np.int64)])  # exclusive
-    if line_start[-1] >= b.size:  # file ends with a newline: no last empty line
+    line_end = np.concatenate([nl, np.array([rb.size], dtype=np.int64)])  # exclusive
+    if line_start[-1] >= rb.size:  # file ends with a newline: no last empty line
         line_start, line_end = line_start[:-1], line_end[:-1]
-    n_lines = line_start.size
-    # fields per line: token starts (a non-space after a space/newline/file start)
-    is_sep = (b == _SPACE) | (b == _NEWLINE)
-    tok = ~is_sep
-    tok[1:] &= is_sep[:-1]
-    tok_pos = np.flatnonzero(tok)
-    ncols = np.bincount(np.searchsorted(nl, tok_pos), minlength=n_lines)[:n_lines]
-    first = np.frombuffer(raw, dtype=np.uint8)[np.minimum(line_start, max(len(raw) - 1, 0))]
+    n_lines = int(line_start.size)
+    first = rb[np.minimum(line_start, max(rb.size - 1, 0))]
     comment = np.isin(first, np.frombuffer(comments.encode(), dtype=np.uint8)) & (line_end > line_start)
-    data = np.flatnonzero(~comment & (ncols > 0))
+
+    # header: the first line that is neither a comment nor blank (usually within a few lines)
     header_fields: Optional[List[str]] = None
-    if data.size:
-        i0 = int(data[0])
-        text0 = raw[line_start[i0]:line_end[i0]].decode("utf-8", "replace")
+    for i in range(n_lines):
+        if comment[i] or not raw[line_start[i]:line_end[i]].strip():
+            continue
+        text0 = raw[line_start[i]:line_end[i]].decode("utf-8", "replace")
         fields = [f.strip() for f in (text0.split(",") if "," in text0 else text0.split())]
         if header is True or (header == "auto" and not all(_is_number(f) for f in fields if f)):
             header_fields = fields
-            comment[i0] = True
-            data = data[1:]
-    R = int(data.size)
-    if R == 0:
-        raise DataFormatError(path, "the file holds no data rows")
-    line_no = data.astype(np.int64) + 1
-    ncols = ncols[data]
-    C = int(ncols[0])
+            comment[i] = True
+        break
 
     def name(c: int) -> str:
         return names[c] if c < len(names) else f"feature_{c - len(names)}"
 
-    expect = (f"{min_cols}" if max_cols == min_cols else
-              f"{min_cols} or more" if max_cols < 0 else f"{min_cols} to {max_cols}")
-    if C < min_cols or (max_cols >= 0 and C > max_cols):
-        raise DataFormatError(path, f"expected {expect} fields ({', '.join(names)}), found {C}",
-                              line=int(line_no[0]), field=name(C) if C < min_cols else None)
-    bad = np.flatnonzero(ncols != C)
-    if bad.size:
-        r = int(bad[0])
-        got = int(ncols[r])
-        what = "missing" if got < C else "extra fields"
-        raise DataFormatError(path, f"expected {C} fields like line {int(line_no[0])}, found {got} ({what})",
-                              line=int(line_no[r]), field=name(got) if got < C else None)
-    # the bytes of the kept lines: slices over runs of lines that are not comments/header
-    drop = np.flatnonzero(comment)
-    if drop.size == 0:
-        body = norm
-    else:
-        cuts_start = np.concatenate([[0], line_end[drop]])
-        cuts_end = np.concatenate([line_start[drop], [b.size]])
-        body = b" ".join(norm[s:e] for s, e in zip(cuts_start.tolist(), cuts_end.tolist()) if e > s)
-    flat = _parse_numbers(body)
-    if flat is None or flat.size != R * C:
-        _scan_for_bad_field(path, raw, line_start[data], line_end[data], name)
-        raise DataFormatError(path, "could not parse the numbers (no single bad field found)")
-    return Table(flat.reshape(R, C), line_no, header_fields, path)
+    # chunks of whole lines, ~_CHUNK bytes each, bound the temporary memory
+    cuts = np.unique(np.searchsorted(line_start, np.arange(0, max(rb.size, 1), _CHUNK)))
+    bounds = np.append(cuts, n_lines).tolist()
+    C: Optional[int] = None
+    first_line = 0
+    values, lines = [], []
+    for l0, l1 in zip(bounds[:-1], bounds[1:]):
+        if l1 <= l0:
+            continue
+        s0 = int(line_start[l0])
+        seg = raw[s0:int(line_end[l1 - 1])].replace(b",", b" ").replace(b"\t", b" ")
+        ncols = _count_fields(seg, nl[l0:l1 - 1] - s0, l1 - l0)
+        com = comment[l0:l1]
+        data = np.flatnonzero(~com & (ncols > 0))
+        if data.size == 0:
+            continue
+        if C is None:
+            C, first_line = int(ncols[data[0]]), l0 + int(data[0]) + 1
+            expect = (f"{min_cols}" if max_cols == min_cols else
+                      f"{min_cols} or more" if max_cols < 0 else f"{min_cols} to {max_cols}")
+            if C < min_cols or (max_cols >= 0 and C > max_cols):
+                raise DataFormatError(path, f"expected {expect} fields ({', '.join(names)}), found {C}",
+                                      line=first_line, field=name(C) if C < min_cols else None)
+        bad = np.flatnonzero(ncols[data] != C)
+        if bad.size:
+            r = int(data[bad[0]])
+            got = int(ncols[r])
+            what = "missing" if got < C else "extra fields"
+            raise DataFormatError(path, f"expected {C} fields like line {first_line}, found {got} ({what})",
+                                  line=l0 + r + 1, field=name(got) if got < C else None)
+        drop = np.flatnonzero(com)
+        if drop.size == 0:
+            body = seg
+        else:  # the bytes of the kept lines: slices between dropped (comment/header) lines
+            cut_s = np.concatenate([[0], line_end[l0 + drop] - s0]).tolist()
+            cut_e = np.concatenate([line_start[l0 + drop] - s0, [len(seg)]]).tolist()
+            body = b" ".join(seg[a:e] for a, e in zip(cut_s, cut_e) if e > a)
+        flat = _parse_numbers(body)
+        if flat is None or flat.size != data.size * C:
+            _scan_for_bad_field(path, raw, line_start[l0 + data], line_end[l0 + data], name)
+            raise DataFormatError(path, "could not parse the numbers (no single bad field found)")
+        values.append(flat.reshape(-1, C))
+        lines.append(l0 + data.astype(np.int64) + 1)
+    if C is None:
+        raise DataFormatError(path, "the file holds no data rows")
+    vals = values[0] if len(values) == 1 else np.concatenate(values)
+    return Table(vals, lines[0] if len(lines) == 1 else np.concatenate(lines), header_fields, path)
+
+
+_CHUNK = 16 << 20
+
+
+def _count_fields(seg: bytes, nl: np.ndarray, n: int) -> np.ndarray:
+    """Fields on each of the ``n`` lines of ``seg`` (separators already spaces).
+
+    Args:
+        seg: the lines' bytes; nl: positions of its ``n - 1`` newlines.
+
+    Returns:
+        field counts, shape ``[n]``, int64.
+    """
+    b = np.frombuffer(seg, dtype=np.uint8)
+    is_sep = (b == _SPACE) | (b == _NEWLINE)
+    tok = ~is_sep
+    tok[1:] &= is_sep[:-1]  # a field starts at a non-space after a space/newline/segment start
+    return np.bincount(np.searchsorted(nl, np.flatnonzero(tok)), minlength=n)[:n]
 
 
 _INT_BYTES = np.zeros(256, dtype=bool)
