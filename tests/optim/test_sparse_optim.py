@@ -176,3 +176,11 @@ def test_table_is_module_state_but_not_parameter_or_buffer():
         other.load_state_dict({**sd, "0.extra": torch.zeros(1)})
     emb.double()
     assert emb.weight.dtype == torch.float64 and emb.owned_ids.dtype == torch.long
+
+
+def test_empty_rows_large_table_is_an_ordinary_tensor():
+    from tgl_dist.nn.dist_embedding import empty_rows
+    t = empty_rows(140_000, 64)  # 35 MB: huge pages advised on Linux
+    assert t.shape == (140_000, 64) and t.dtype == torch.float32
+    t.fill_(1.5)
+    assert float(t.sum()) == 1.5 * t.numel()

@@ -19,8 +19,10 @@ Worked example (2 ranks, owners ``[0, 1, 0, 1]``, so rank 0 holds rows of nodes
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import sys
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -33,6 +35,35 @@ log = logging.getLogger(__name__)
 
 _M32 = 0xFFFFFFFF
 _INIT_CHUNK_ROWS = 1 << 12
+_HUGE_PAGE = 1 << 21
+_MADV_HUGEPAGE = 14          # Linux <sys/mman.h>
+_HUGE_MIN_BYTES = 32 << 20
+
+
+def empty_rows(n: int, d: int, dtype: torch.dtype = torch.float32,
+               device: Optional[torch.device | str] = None) -> Tensor:
+    """``torch.empty(n, d)`` for a large per-row table; fill it before use.
+
+    On Linux CPU, a table of 32 MB or more is advised (``madvise(MADV_HUGEPAGE)``,
+    before its pages are first touched) to use transparent huge pages: a step touches
+    rows at random, and with 4 KB pages every touched row of a multi-GB table is a TLB
+    miss; with 2 MB pages the cost of a step stays that of a small table. Advisory
+    only: where it is unavailable the table is an ordinary one.
+    """
+    t = torch.empty(n, d, dtype=dtype, device=device)
+    nbytes = t.numel() * t.element_size()
+    if t.device.type != "cpu" or nbytes < _HUGE_MIN_BYTES or not sys.platform.startswith("linux"):
+        return t
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        start = (t.data_ptr() + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1)
+        length = (t.data_ptr() + nbytes - start) & ~(_HUGE_PAGE - 1)
+        if length > 0 and libc.madvise(start, length, _MADV_HUGEPAGE) != 0:
+            log.debug("madvise(MADV_HUGEPAGE) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as e:  # no libc symbol table: keep 4 KB pages
+        log.debug("huge pages not advised: %s", e)
+    return t
 
 
 def _fmix64_(h: Tensor) -> Tensor:
@@ -173,7 +204,7 @@ class DistEmbedding(nn.Module):
         self.seed = int(seed)
         owned = (partition_book.owned_ids(rank) if rank < partition_book.num_parts
                  else torch.empty(0, dtype=torch.long))
-        weight = torch.empty(owned.numel(), self.dim, dtype=dtype, device=device)
+        weight = empty_rows(owned.numel(), self.dim, dtype=dtype, device=device)
         with torch.no_grad():
             if init is None:
                 bound = 1.0 / math.sqrt(self.dim)
@@ -225,7 +256,8 @@ class DistEmbedding(nn.Module):
                           group=self.group)
 
     def _record(self, uniq: Tensor, grad: Tensor) -> None:
-        self._grads.append((uniq, grad.detach().to(self.weight.dtype).contiguous().clone()))
+        self._grads.append((uniq, grad.detach().to(self.weight.dtype).clone(
+            memory_format=torch.contiguous_format)))
 
     # --------------------------------------------------------------- gradients
     def take_grads(self) -> Tuple[Tensor, Tensor]:

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from typing import Dict, Iterable
 
-import torch
 from torch import Tensor
 
-from tgl_dist.nn.dist_embedding import DistEmbedding
+from tgl_dist.nn.dist_embedding import DistEmbedding, empty_rows
 from tgl_dist.optim.base import SparseOptimizer
 
 
@@ -49,12 +48,15 @@ class SparseAdagrad(SparseOptimizer):
         super().__init__(params, lr)
 
     def init_state(self, emb: DistEmbedding) -> Dict[str, Tensor]:
-        return {"sum": torch.full_like(emb.weight, self.initial_accumulator_value)}
+        w = emb.weight
+        return {"sum": empty_rows(w.size(0), w.size(1), w.dtype, w.device)
+                .fill_(self.initial_accumulator_value)}
 
     def update(self, emb: DistEmbedding, rows: Tensor, grad: Tensor,
                state: Dict[str, Tensor]) -> None:
         acc = state["sum"]
-        s = acc.index_select(0, rows).add_(grad * grad)
-        acc.index_copy_(0, rows, s)
+        sq = grad * grad
+        s = acc.index_select(0, rows).add_(sq)
+        acc.index_add_(0, rows, sq)  # rows are unique: acc[rows] += g^2
         std = s.sqrt_().add_(self.eps)
         emb.weight.index_add_(0, rows, (grad / std).mul_(-self.lr))

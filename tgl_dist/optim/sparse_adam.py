@@ -7,7 +7,7 @@ from typing import Dict, Iterable, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.nn.dist_embedding import DistEmbedding
+from tgl_dist.nn.dist_embedding import DistEmbedding, empty_rows
 from tgl_dist.optim.base import SparseOptimizer
 
 
@@ -72,7 +72,8 @@ class SparseAdam(SparseOptimizer):
         n = w.size(0) if self.step_count == "row" else None
         step = (torch.zeros(n, dtype=torch.long, device=w.device) if n is not None
                 else torch.zeros((), dtype=torch.long))
-        return {"step": step, "exp_avg": torch.zeros_like(w), "exp_avg_sq": torch.zeros_like(w)}
+        zeros = lambda: empty_rows(w.size(0), w.size(1), w.dtype, w.device).zero_()  # noqa: E731
+        return {"step": step, "exp_avg": zeros(), "exp_avg_sq": zeros()}
 
     def begin_step(self, emb: DistEmbedding, any_grad: bool) -> None:
         if any_grad:  # torch.optim.SparseAdam counts a step whenever the parameter has a grad
@@ -92,15 +93,15 @@ class SparseAdam(SparseOptimizer):
             t = int(state["step"])
             step_size = self.lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
         exp_avg, exp_avg_sq, w = state["exp_avg"], state["exp_avg_sq"], emb.weight
-        # index_select / index_copy_ / index_add_: row gathers and scatters, several times
-        # faster than advanced indexing; ``rows`` are unique, so index_add_ is an update.
+        # index_select / index_add_: row gathers and scatters, several times faster than
+        # advanced indexing or index_copy_; ``rows`` are unique, so ``t.index_add_(0, rows,
+        # u)`` sets ``t[rows] = t[rows] + u``, the same sum torch's SparseAdam computes.
         old_m = exp_avg.index_select(0, rows)
         upd_m = (grad - old_m).mul_(1.0 - beta1)
         old_v = exp_avg_sq.index_select(0, rows)
         upd_v = (grad * grad).sub_(old_v).mul_(1.0 - beta2)
+        exp_avg.index_add_(0, rows, upd_m)
+        exp_avg_sq.index_add_(0, rows, upd_v)
         numer = upd_m.add_(old_m)
-        v = upd_v.add_(old_v)
-        exp_avg.index_copy_(0, rows, numer)
-        exp_avg_sq.index_copy_(0, rows, v)
-        denom = v.sqrt().add_(self.eps)
+        denom = upd_v.add_(old_v).sqrt_().add_(self.eps)
         w.index_add_(0, rows, numer.div_(denom).mul_(-step_size))
