@@ -117,3 +117,17 @@ def test_load_dataset_accepts_paths_dirs_and_spellings(datasets_root, real_graph
         assert torch.equal(g.src, ref.src) and torch.equal(g.t, ref.t)
     assert load_dataset("bitcoin_alpha", root=datasets_root, download=False).num_events == 24186
     assert load_dataset("Bitcoin-Alpha", root=datasets_root, download=False).num_events == 24186
+
+
+@pytest.mark.parametrize("name", ["wikipedia", "uci", "bitcoin-alpha"])
+def test_pyg_round_trip_on_real_graphs(real_graph, name):
+    from tgl_dist.data import from_pyg, to_pyg
+    g = real_graph(name)
+    d = to_pyg(g)
+    assert d.num_events == g.num_events and d.t.dtype == torch.long     # all three have integral times
+    h = from_pyg(d, num_nodes=g.num_nodes)
+    assert torch.equal(h.src, g.src) and torch.equal(h.dst, g.dst) and torch.equal(h.t, g.t)
+    assert (h.edge_attr is None) == (g.edge_attr is None)
+    if g.edge_attr is not None:
+        assert torch.equal(h.edge_attr, g.edge_attr)
+    assert torch.equal(h.masks["test"], g.masks["test"])
