@@ -205,3 +205,14 @@ def test_id_beyond_int64_and_glued_fields(tmp_path):
     with pytest.raises(DataFormatError, match="'3-4' is not a number") as ei:
         load_snap(p)
     check(ei, p, 2, "time")
+
+
+def test_missing_file_for_direct_loaders_and_pyg_nan_time(tmp_path):
+    from tgl_dist.data import from_pyg, infer_format
+    for f in (load_snap, load_jodie, load_pyg, infer_format):
+        with pytest.raises(DatasetNotFoundError, match="no such file"):
+            f(tmp_path / "absent.txt")
+    with pytest.raises(DataFormatError, match="finite") as ei:
+        from_pyg({"src": torch.tensor([0, 1]), "dst": torch.tensor([1, 0]),
+                  "t": torch.tensor([1.0, float("nan")])})
+    assert ei.value.field == "t" and ei.value.line == 1

@@ -28,18 +28,14 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
 from tgl_dist.data.loaders import get_loader, infer_format
+from tgl_dist.data.loaders._common import DatasetNotFoundError
 from tgl_dist.data.synthetic import generate_synthetic
 from tgl_dist.data.temporal import TemporalGraph
-from tgl_dist.errors import TGLDistError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = Path.home() / ".cache" / "tgl_dist" / "datasets"
 DOWNLOAD_TIMEOUT_S = 10.0
-
-
-class DatasetNotFoundError(TGLDistError, FileNotFoundError):
-    """A dataset is neither on disk nor downloadable: the message says what to put where."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Dict
 
-from tgl_dist.data.loaders._common import PathLike, head_lines, require_keys
+from tgl_dist.data.loaders._common import DatasetNotFoundError, PathLike, head_lines, require_keys
 from tgl_dist.data.loaders.dyglib import load_dyglib
 from tgl_dist.data.loaders.jodie import load_jodie
 from tgl_dist.data.loaders.konect import load_konect
@@ -87,7 +87,7 @@ def infer_format(path: PathLike) -> str:
 
 
 __all__ = [
-    "LOADERS", "get_loader", "infer_format", "require_keys",
+    "LOADERS", "get_loader", "infer_format", "require_keys", "DatasetNotFoundError",
     "load_jodie", "load_dyglib", "load_snap", "load_snap_signed", "load_konect", "load_pyg",
     "from_pyg", "to_pyg",
 ]

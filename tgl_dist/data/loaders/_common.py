@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tgl_dist.errors import DataFormatError
+from tgl_dist.errors import DataFormatError, TGLDistError
 
 PathLike = Union[str, Path]
 
@@ -30,11 +30,16 @@ _SPACE = np.frombuffer(b" ", dtype=np.uint8)[0]
 _NEWLINE = np.frombuffer(b"\n", dtype=np.uint8)[0]
 
 
+class DatasetNotFoundError(TGLDistError, FileNotFoundError):
+    """A data file or dataset is absent (and could not be downloaded): the message says
+    which file to put where."""
+
+
 def read_bytes(path: PathLike) -> bytes:
     """The file's bytes, decompressed when it is gzip (by magic number, not by name)."""
     path = Path(path)
     if not path.is_file():
-        raise DataFormatError(path, "file not found")
+        raise DatasetNotFoundError(f"no such file: {path}")
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         try:
@@ -47,6 +52,8 @@ def read_bytes(path: PathLike) -> bytes:
 def head_lines(path: PathLike, n: int) -> List[str]:
     """The first ``n`` lines of a (possibly gzip) text file, without reading all of it."""
     path = Path(path)
+    if not path.is_file():
+        raise DatasetNotFoundError(f"no such file: {path}")
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
     opener = gzip.open if gz else open

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from tgl_dist.data.loaders._common import PathLike, require_keys
+from tgl_dist.data.loaders._common import DatasetNotFoundError, PathLike, require_keys
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -81,7 +81,7 @@ def load_pyg(path: PathLike, name: Optional[str] = None, trusted: bool = False) 
 
     path = Path(path)
     if not path.is_file():
-        raise DataFormatError(path, "file not found")
+        raise DatasetNotFoundError(f"no such file: {path}")
     try:
         with torch.serialization.safe_globals([TemporalData, GlobalStorage]):
             obj = torch.load(path, map_location="cpu", weights_only=not trusted)
