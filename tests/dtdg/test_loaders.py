@@ -1,0 +1,115 @@
+"""PGT JSON loaders on the four real files, bad input, and CTDG binning."""
+import json
+
+import pytest
+import torch
+
+from tgl_dist.data import TemporalGraph
+from tgl_dist.dtdg import GraphData, degree_features, from_temporal, load_pgt_json
+from tgl_dist.errors import DataFormatError
+
+
+def _path(root, name):
+    return root / name / f"{name}.json"
+
+
+def test_twitter_tennis_counts(datasets_root):
+    g = load_pgt_json(_path(datasets_root, "twitter_tennis_rg17"))
+    assert (g.num_nodes, g.num_snapshots, g.num_edges) == (1000, 120, 40839)
+    assert g.node()["x"].shape == (1000, 120, 2) and g.node()["y"].shape == (1000, 120)
+    assert g.edge()["weight"].shape == (40839,)
+    raw = json.loads(_path(datasets_root, "twitter_tennis_rg17").read_text())
+    s = g.get_snapshot(7)
+    assert s.edge_index.t().tolist() == raw["7"]["edges"]
+    assert torch.allclose(s.x, torch.tensor(raw["7"]["X"], dtype=torch.float32))
+
+
+@pytest.mark.parametrize("name,periods,nodes,edges,lags", [
+    ("england_covid", 61, 129, None, 8), ("chickenpox", 521, 20, 102, 4),
+    ("pedalme_london", 35, 15, 225, 4)])
+def test_signal_files(datasets_root, name, periods, nodes, edges, lags):
+    g = load_pgt_json(_path(datasets_root, name), lags=lags, standardize=False)
+    T = periods - lags
+    assert g.meta()["periods"] == periods and g.num_nodes == nodes and g.num_snapshots == T
+    assert g.node()["x"].shape == (nodes, T, lags) and g.node()["y"].shape == (nodes, T)
+    raw = json.loads(_path(datasets_root, name).read_text())
+    sig = torch.tensor(raw[g.meta()["signal_key"]], dtype=torch.float32)
+    # features of snapshot s are the lags before the target, as PGT builds them
+    assert torch.allclose(g.node()["x"][:, 3], sig[3:3 + lags].t())
+    assert torch.allclose(g.node()["y"][:, 3], sig[3 + lags])
+    if edges is not None:
+        assert g.num_edges == edges * T
+    else:
+        per = raw["edge_mapping"]["edge_index"]
+        assert sum(len(per[str(t)]) for t in range(periods)) == 82529      # README count
+        assert g.num_edges == sum(len(per[str(t)]) for t in range(T))
+
+
+def test_standardized_signal(datasets_root):
+    g = load_pgt_json(_path(datasets_root, "england_covid"), lags=8)
+    assert g.meta()["standardized"]
+    assert abs(float(g.node()["y"].mean())) < 0.2
+
+
+def test_bad_json(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{"0": {"edges": [[0, 1]], ')
+    with pytest.raises(DataFormatError, match="bad.json.*line 1"):
+        load_pgt_json(p)
+    p.write_text(json.dumps({"0": {"weights": [1.0]}}))
+    with pytest.raises(DataFormatError, match="missing key 'edges' in snapshot '0'"):
+        load_pgt_json(p)
+    p.write_text(json.dumps({"edges": [[0, 1]], "weights": [1.0, 2.0], "FX": [[1, 2]] * 6}))
+    with pytest.raises(DataFormatError, match="2 weights for 1 edges") as e:
+        load_pgt_json(p)
+    assert e.value.field == "weights"
+    p.write_text(json.dumps({"edges": [[0, 5]], "FX": [[1, 2]] * 6}))
+    with pytest.raises(DataFormatError, match=r"ids must lie in \[0, 2\)"):
+        load_pgt_json(p)
+    p.write_text(json.dumps({"edge_mapping": {"edge_index": {"0": [[0, 1]]}}, "y": [[1, 2]] * 6}))
+    with pytest.raises(DataFormatError, match="no edges for period 1"):
+        load_pgt_json(p)
+    p.write_text(json.dumps({"foo": 1}))
+    with pytest.raises(DataFormatError, match="unknown PyTorch Geometric Temporal layout"):
+        load_pgt_json(p)
+
+
+def test_from_temporal_span_and_count():
+    day = 86400.0
+    tg = TemporalGraph(torch.tensor([0, 1, 2, 0, 3]), torch.tensor([1, 2, 3, 3, 0]),
+                       torch.tensor([0.0, 0.5 * day, 1.2 * day, 3.9 * day, 4.0 * day]), num_nodes=5)
+    g = from_temporal(tg, span="day")
+    assert g.edge()["time"].tolist() == [0, 0, 1, 3, 4] and g.num_snapshots == 5
+    assert g.node()["x"].shape == (5, 5, 2)
+    assert torch.allclose(g.node()["x"][1, 0], torch.tensor([1.0, 1.0]).log1p())   # in 1, out 1
+    assert torch.equal(g.node()["x"], degree_features(g))
+    g2 = from_temporal(tg, num_snapshots=2)
+    assert g2.edge()["time"].tolist() == [0, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="exactly one"):
+        from_temporal(tg)
+    with pytest.raises(ValueError, match="span must be"):
+        from_temporal(tg, span="fortnight")
+
+
+def test_bitcoin_alpha_by_month(datasets_root):
+    from tgl_dist.data import load_dataset
+    tg = load_dataset("bitcoin-alpha", root=datasets_root)
+    g = from_temporal(tg, span="month")
+    assert g.num_snapshots == 63                       # 2010-11 .. 2016-01
+    assert g.num_edges == tg.num_events == 24186
+    assert int(torch.bincount(g.edge()["time"]).sum()) == 24186
+    assert g.edge()["attr"].shape == (24186, 1)
+
+
+def test_graph_data_validation():
+    with pytest.raises(ValueError, match="outside"):
+        GraphData(torch.tensor([[0, 5]]).t(), 3)
+    g = GraphData(torch.tensor([[0, 1], [1, 2]]), 3)
+    with pytest.raises(ValueError, match="time"):
+        g.validate()
+    g.edge()["time"] = torch.tensor([0, 1])
+    g.node()["x"] = torch.zeros(3, 4, 1)
+    g.validate()
+    g.node()["y"] = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match=r"node\(\)\['y'\] has 2 rows"):
+        g.validate()

@@ -1,0 +1,193 @@
+"""Snapshot tasks: link prediction and node regression (head, loss, metrics, trivial baseline).
+
+Each rank computes the loss of its own share (edges into owned nodes, owned nodes'
+targets), divided by the **global** count, so the sum of the ranks' gradients is the
+full-graph gradient and training with P processes follows the same path as with one.
+
+Negatives (link prediction) are deterministic per ``(seed, split, label snapshot)``
+(training: also per epoch) and do not depend on the world size: positive edge
+``(u, v)`` of snapshot t, at position ``pos`` among the snapshot's edges in global
+order, gets ``k`` corrupted sources ``u'_j = hash(seed, split, t, epoch, pos, j) mod N``
+(``u'_j != u``). The owner of ``v`` scores them, fetching ``h[u'_j]`` through a
+per-step :meth:`Route.for_ids <tgl_dist.dtdg.route.Route.for_ids>`. Negatives are not
+filtered against true edges (a collision has probability ~ in-degree / N).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tgl_dist.dist import all_reduce_
+from tgl_dist.dtdg.route import Route
+from tgl_dist.metrics import LinkPredMetrics
+
+SPLIT_IDS = {"train": 1, "dev": 2, "test": 3}
+_C1 = 0xFF51AFD7ED558CCD - (1 << 64)
+_C2 = 0xC4CEB9FE1A85EC53 - (1 << 64)
+
+
+def _srl(x: Tensor, s: int) -> Tensor:
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def mix64(x: Tensor) -> Tensor:
+    """MurmurHash3's 64-bit finaliser on int64 tensors (wrapping arithmetic)."""
+    x = x ^ _srl(x, 33)
+    x = x * _C1
+    x = x ^ _srl(x, 33)
+    x = x * _C2
+    return x ^ _srl(x, 33)
+
+
+def hashed_nodes(seed: int, split: str, t: int, epoch: int, pos: Tensor, k: int, num_nodes: int) -> Tensor:
+    """``[len(pos), k]`` pseudo-random node ids, a pure function of the arguments."""
+    h = torch.tensor([seed], dtype=torch.long)
+    for v in (SPLIT_IDS[split], t, epoch):
+        h = mix64(h ^ v)
+    key = pos.view(-1, 1).long() * k + torch.arange(k, device=pos.device)
+    return (mix64(key ^ h.to(pos.device)) & ((1 << 62) - 1)) % num_nodes
+
+
+class EdgeHead(nn.Module):
+    """Scores a directed pair from ``[h_src || h_dst || h_src * h_dst]`` with a 2-layer MLP (one logit)."""
+
+    def __init__(self, dim: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(3 * dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+        return self.mlp(torch.cat([h_src, h_dst, h_src * h_dst], -1)).squeeze(-1)
+
+
+class LinkPrediction(nn.Module):
+    """Predict the label snapshot's edges from the history's embeddings.
+
+    Args:
+        graph: the rank's ``DistGraph``. dim: embedding size.
+        neg_train: negatives per positive in training (default 1).
+        neg_eval: negatives per positive in evaluation (default 20): AP and AUC use the
+            first one (1:1), MRR all of them.
+        seed: negative-sampling seed.
+
+    The trivial baseline (evaluation only) repeats the last snapshot: a pair scores the
+    number of times it is an edge of snapshot ``label_ts - 1``.
+    """
+
+    higher_better = True
+    metric = "ap"
+
+    def __init__(self, graph, dim: int, hidden: int = 64, neg_train: int = 1, neg_eval: int = 20,
+                 seed: int = 0) -> None:
+        super().__init__()
+        object.__setattr__(self, "graph", graph)
+        self.head = EdgeHead(dim, hidden)
+        self.neg_train, self.neg_eval, self.seed = neg_train, neg_eval, seed
+        self.metrics = LinkPredMetrics()
+        self.baseline = LinkPredMetrics()
+
+    def reset_metrics(self) -> None:
+        self.metrics.reset()
+        self.baseline.reset()
+
+    def _repeat_last(self, t: int, src: Tensor, dst: Tensor) -> Tensor:
+        g = self.graph
+        if t == 0:
+            return torch.zeros(src.shape, dtype=torch.float32)
+        s = g.snapshot_slice(t - 1)
+        ei = g.edge_index[:, s]
+        N = g.num_nodes
+        keys = torch.sort(g.all_ids[ei[0]] * N + g.owned_ids[ei[1]]).values
+        q = src * N + dst
+        return (torch.searchsorted(keys, q, right=True) - torch.searchsorted(keys, q)).float()
+
+    def forward(self, model, window: Dict, split: str, epoch: int = 0,
+                evaluate: bool = False) -> Tensor:
+        """Loss of this rank's share of the window (a collective: every rank calls it)."""
+        g = self.graph
+        t = int(window["label_ts"])
+        h = model(window["hist_ts"])                                   # [n, d]
+        h_all = g.route(h)                                              # [n+h, d]
+        s = g.snapshot_slice(t)
+        src, dst = g.edge_index[0, s], g.edge_index[1, s]
+        pos_id = g.edge()["pos"][s]
+        k = self.neg_eval if evaluate else self.neg_train
+        neg = hashed_nodes(self.seed, split, t, -1 if evaluate else epoch, pos_id, k, g.num_nodes)
+        src_g = g.all_ids[src]
+        neg = torch.where(neg == src_g.view(-1, 1), (neg + 1) % g.num_nodes, neg)
+        route, idx = Route.for_ids(neg.reshape(-1), g.owner, g.local, g.rank, g.num_owned, g.group)
+        h_neg = route(h)[idx].view(src.numel(), k, -1)
+        h_dst = h[dst]
+        pos_score = self.head(h_all[src], h_dst)
+        neg_score = self.head(h_neg, h_dst.unsqueeze(1).expand(-1, k, -1))
+        P = float(g.snapshot_edges[t])
+        loss = (F.binary_cross_entropy_with_logits(pos_score, torch.ones_like(pos_score), reduction="sum") / P
+                + F.binary_cross_entropy_with_logits(neg_score, torch.zeros_like(neg_score),
+                                                     reduction="sum") / (P * k))
+        if evaluate:
+            self.metrics.update(pos_score, neg_score[:, 0], neg_score)
+            dst_g = g.owned_ids[dst]
+            b_pos = self._repeat_last(t, src_g, dst_g)
+            b_neg = self._repeat_last(t, neg.reshape(-1), dst_g.repeat_interleave(k)).view(-1, k)
+            self.baseline.update(b_pos, b_neg[:, 0], b_neg)
+        return loss
+
+    def compute(self) -> Tuple[Dict[str, float], Dict[str, float]]:
+        """``(metrics, baseline)`` over the whole split, gathered across ranks (collective)."""
+        grp = self.graph.group
+        return self.metrics.compute(grp), self.baseline.compute(grp)
+
+
+class NodeRegression(nn.Module):
+    """Predict ``node()['y'][:, label_ts]`` of every node (MSE over the whole split).
+
+    The trivial baseline predicts the previous value ``y[:, label_ts - 1]``.
+    """
+
+    higher_better = False
+    metric = "mse"
+
+    def __init__(self, graph, dim: int, target: str = "y") -> None:
+        super().__init__()
+        object.__setattr__(self, "graph", graph)
+        if target not in graph.node():
+            raise KeyError(f"node()['{target}'] is missing: node regression needs targets per snapshot")
+        self.target = target
+        self.head = nn.Linear(dim, 1)
+        self.reset_metrics()
+
+    def reset_metrics(self) -> None:
+        self._sums = torch.zeros(3, dtype=torch.float64)   # model SSE, baseline SSE, count
+
+    def forward(self, model, window: Dict, split: str, epoch: int = 0, evaluate: bool = False) -> Tensor:
+        g = self.graph
+        t = int(window["label_ts"])
+        y = g.node()[self.target][:, t].float()
+        pred = self.head(model(window["hist_ts"])).squeeze(-1)
+        se = (pred - y) ** 2
+        loss = se.sum() / float(g.num_nodes)
+        if evaluate:
+            prev = g.node()[self.target][:, t - 1].float()
+            self._sums += torch.tensor([float(se.detach().sum()), float(((prev - y) ** 2).sum()),
+                                        float(y.numel())], dtype=torch.float64)
+        return loss
+
+    def compute(self) -> Tuple[Dict[str, float], Dict[str, float]]:
+        sums = all_reduce_(self._sums.clone(), group=self.graph.group)
+        n = max(float(sums[2]), 1.0)
+        return ({"mse": float(sums[0]) / n, "num": int(sums[2])},
+                {"mse": float(sums[1]) / n, "num": int(sums[2])})
+
+
+def build_task(name: str, graph, dim: int, **kwargs) -> nn.Module:
+    """``'link_pred'`` -> :class:`LinkPrediction`, ``'node_regression'`` -> :class:`NodeRegression`."""
+    if name == "link_pred":
+        return LinkPrediction(graph, dim, **kwargs)
+    if name == "node_regression":
+        return NodeRegression(graph, dim, **{k: v for k, v in kwargs.items() if k == "target"})
+    raise ValueError(f"unknown task {name!r}; known: ['link_pred', 'node_regression']")
+
+
+OptTensor = Optional[Tensor]
