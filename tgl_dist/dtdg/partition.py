@@ -74,7 +74,9 @@ def metis_owner(g: GraphData, num_parts: int, seed: int = 0) -> Tensor:
     import pymetis
     xadj, adjncy, ew = union_csr(g)
     opts = pymetis.Options(seed=seed)
-    _, parts = pymetis.part_graph(num_parts, xadj=xadj, adjncy=adjncy,
+    adj = (dict(adjacency=pymetis.CSRAdjacency(xadj, adjncy)) if hasattr(pymetis, "CSRAdjacency")
+           else dict(xadj=xadj, adjncy=adjncy))
+    _, parts = pymetis.part_graph(num_parts, **adj,
                                   eweights=np.minimum(ew, 2**30).astype(np.int64), options=opts)
     owner = torch.as_tensor(np.asarray(parts), dtype=torch.long)
     counts = torch.bincount(owner, minlength=num_parts)

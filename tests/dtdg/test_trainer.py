@@ -1,0 +1,69 @@
+"""Splitter windows, world-size-free negatives, and the trainer: 2 ranks follow 1 rank's path."""
+import pytest
+import torch
+
+from tgl_dist.context import DistributedContext
+from tgl_dist.dtdg import DistGraph, Splitter, Trainer, build_model, build_task, get_graph
+from tgl_dist.dtdg.tasks import hashed_nodes
+from tgl_dist.testing import run_distributed
+
+from dtdg_graphs import small_graph
+
+
+def test_splitter_windows():
+    sp = Splitter(20, hist_len=4, task="link_pred")
+    assert sp.train[0] == {"hist_ts": [0, 1, 2, 3], "label_ts": 4}
+    labels = [w["label_ts"] for w in sp.train + sp.dev + sp.test]
+    assert labels == list(range(4, 20)) and len(sp.dev) >= 1 and len(sp.test) >= 1
+    assert max(w["label_ts"] for w in sp.train) < min(w["label_ts"] for w in sp.dev)
+    nr = Splitter(20, hist_len=4, task="node_regression")
+    assert nr.train[0] == {"hist_ts": [0, 1, 2, 3], "label_ts": 3}
+    empty = torch.ones(20, dtype=torch.long)
+    empty[7] = 0
+    assert 7 not in [w["label_ts"] for w in Splitter(20, 4, snapshot_edges=empty).train]
+    with pytest.raises(ValueError, match="unknown task"):
+        Splitter(20, task="classify")
+    with pytest.raises(ValueError, match="lower hist_len"):
+        Splitter(5, hist_len=4)
+
+
+def test_negatives_are_a_pure_function():
+    pos = torch.arange(50)
+    a = hashed_nodes(3, "test", 7, -1, pos, 5, 1000)
+    assert torch.equal(a, hashed_nodes(3, "test", 7, -1, pos, 5, 1000))
+    assert torch.equal(a[10:20], hashed_nodes(3, "test", 7, -1, pos[10:20], 5, 1000))  # any subset
+    assert not torch.equal(a, hashed_nodes(3, "test", 8, -1, pos, 5, 1000))
+    assert not torch.equal(a, hashed_nodes(4, "test", 7, -1, pos, 5, 1000))
+    assert int(a.min()) >= 0 and int(a.max()) < 1000 and a.unique().numel() > 200
+
+
+def _fit(graph, task):
+    torch.manual_seed(0)
+    model = build_model({"model": "evolvegcn-o", "hidden_dims": [8, 8]}, graph)
+    t = build_task(task, graph, 8, **({"neg_eval": 5} if task == "link_pred" else {}))
+    sp = Splitter.from_graph(graph, hist_len=3, task=task)
+    calls = []
+    out = Trainer(model, t, sp, lr=0.01, epochs=3, patience=5,
+                  on_epoch_end=[lambda tr, e, rec: calls.append(e)]).fit()
+    out["hook_calls"] = calls
+    return out
+
+
+def _fit_worker(path, task):
+    DistributedContext.init()
+    return _fit(get_graph(path), task)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("task,keys", [("link_pred", ["test_ap", "test_auc", "test_mrr", "dev_ap"]),
+                                       ("node_regression", ["test_mse", "dev_mse"])])
+def test_two_ranks_train_like_one(tmp_path, task, keys):
+    g = small_graph(N=50, T=14, E=700, name="trainer")
+    path = g.save_partition(tmp_path, 2, "metis")
+    ref = _fit(DistGraph.from_graph_data(g), task)
+    res = run_distributed(_fit_worker, 2, str(path), task)
+    assert ref["hook_calls"] == [0, 1, 2]
+    for r in res:
+        for k in keys + [k.replace("test", "baseline_test") for k in keys if k.startswith("test")]:
+            assert abs(r[k] - ref[k]) < 1e-4, (k, r[k], ref[k])
+        assert r["test_num"] == ref["test_num"] > 0
