@@ -79,6 +79,8 @@ def bench_sparse(sizes, dim: int, batch: int, steps: int, warmup: int, seed: int
 
 
 def bench_dense(n: int, dim: int, batches, steps: int) -> dict:
+    if steps < 1:
+        return {"rows": n, "dense_step_ms": None, "skipped": "--dense-steps 0"}
     need_gb = 5.5 * n * dim * 4 / 2**30  # param, grad, 2 moments, Adam's temporaries
     if _mem_available_gb() < need_gb + 1.0:
         return {"rows": n, "dense_step_ms": None, "skipped": f"needs ~{need_gb:.1f} GB"}

@@ -126,14 +126,14 @@ class _Lookup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, anchor: Tensor, uniq: Tensor, emb: "DistEmbedding") -> Tensor:
+        owner, local = emb.book.locate(uniq)
         ctx.emb = emb
-        ctx.save_for_backward(uniq)
-        return emb._fetch(uniq)
+        ctx.save_for_backward(uniq, owner, local)  # the step routes by them: no second look-up
+        return emb._fetch(owner, local)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (uniq,) = ctx.saved_tensors
-        ctx.emb._record(uniq, grad)
+        ctx.emb._record(*ctx.saved_tensors, grad)
         return None, None, None
 
 
@@ -245,18 +245,21 @@ class DistEmbedding(nn.Module):
         if torch.is_grad_enabled():
             rows = _Lookup.apply(self._anchor, uniq, self)
         else:
-            rows = self._fetch(uniq)
+            rows = self._fetch(*self.book.locate(uniq))
         return rows.index_select(0, inverse.to(rows.device))
 
-    def _fetch(self, uniq: Tensor) -> Tensor:
-        """Rows of unique global ids ``[u]`` from their owners, ``[u, D]`` (collective)."""
-        owner, local = self.book.locate(uniq)
-        w = self.weight
-        return fetch_rows(owner, local, lambda r: w.index_select(0, r.to(w.device)),
-                          group=self.group)
+    def _fetch(self, owner: Tensor, local: Tensor) -> Tensor:
+        """Rows ``[u, D]`` at (owner rank, local row) of unique nodes (collective).
 
-    def _record(self, uniq: Tensor, grad: Tensor) -> None:
-        self._grads.append((uniq, grad.detach().to(self.weight.dtype).clone(
+        ``owner``/``local`` come from the book, which lives on the CPU.
+        """
+        w = self.weight
+        # index tensors travel on the table's device (NCCL exchanges device tensors only)
+        return fetch_rows(owner.to(w.device), local.to(w.device),
+                          lambda r: w.index_select(0, r), group=self.group)
+
+    def _record(self, uniq: Tensor, owner: Tensor, local: Tensor, grad: Tensor) -> None:
+        self._grads.append((uniq, owner, local, grad.detach().to(self.weight.dtype).clone(
             memory_format=torch.contiguous_format)))
 
     # --------------------------------------------------------------- gradients
@@ -267,12 +270,22 @@ class DistEmbedding(nn.Module):
             ``(ids, grad)``: global ids ``[m]`` and gradient rows ``[m, D]``; an id may
             appear more than once (once per lookup that used it).
         """
-        if not self._grads:
-            return (torch.empty(0, dtype=torch.long),
-                    self.weight.new_zeros(0, self.dim))
-        ids = torch.cat([i for i, _ in self._grads])
-        grad = torch.cat([g.to(self.weight.device) for _, g in self._grads])
+        ids, _, _, grad = self.take_routed_grads()
         return ids, grad
+
+    def take_routed_grads(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Like :meth:`take_grads`, with each id's owner rank and local row (from the lookup).
+
+        Returns:
+            ``(ids, owner, local_row, grad)``: ``[m]``, ``[m]``, ``[m]`` (int64, CPU) and
+            ``[m, D]`` on the table's device.
+        """
+        if not self._grads:
+            empty = torch.empty(0, dtype=torch.long)
+            return empty, empty, empty, self.weight.new_zeros(0, self.dim)
+        cols = list(zip(*self._grads))
+        return (torch.cat(cols[0]), torch.cat(cols[1]), torch.cat(cols[2]),
+                torch.cat([g.to(self.weight.device) for g in cols[3]]))
 
     @property
     def has_grad(self) -> bool:

@@ -97,18 +97,17 @@ class SparseOptimizer:
     def step(self) -> None:
         """Send recorded gradients to their owners and update the touched rows (collective)."""
         for emb in self.embeddings:
-            ids, grad = emb.take_grads()
+            _, owner, local, grad = emb.take_routed_grads()
             if self.needs_global_grad_flag:
                 flag = torch.tensor([1 if emb.has_grad else 0], dtype=torch.long)
                 self.begin_step(emb, bool(int(all_reduce_(flag, group=emb.group)) > 0))
-            owner, local = emb.book.locate(ids)
-            rows, g = push_rows(owner, local, grad, group=emb.group)
+            dev = emb.weight.device
+            rows, g = push_rows(owner.to(dev), local.to(dev), grad.to(dev), group=emb.group)
             if rows.numel() == 0:
                 continue
             uniq, inverse = torch.unique(rows, return_inverse=True)
-            g = g.to(emb.weight.device)
-            summed = g.new_zeros(uniq.numel(), emb.dim).index_add_(0, inverse.to(g.device), g)
-            self.update(emb, uniq.to(emb.weight.device), summed, self.state[emb.name])
+            summed = g.new_zeros(uniq.numel(), emb.dim).index_add_(0, inverse, g)
+            self.update(emb, uniq, summed, self.state[emb.name])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradient rows recorded by the tables' backward passes (local, no collective)."""

@@ -69,9 +69,8 @@ class SparseAdam(SparseOptimizer):
 
     def init_state(self, emb: DistEmbedding) -> Dict[str, Tensor]:
         w = emb.weight
-        n = w.size(0) if self.step_count == "row" else None
-        step = (torch.zeros(n, dtype=torch.long, device=w.device) if n is not None
-                else torch.zeros((), dtype=torch.long))
+        step = (empty_rows(w.size(0), 1, torch.long, w.device).zero_().view(-1)
+                if self.step_count == "row" else torch.zeros((), dtype=torch.long))
         zeros = lambda: empty_rows(w.size(0), w.size(1), w.dtype, w.device).zero_()  # noqa: E731
         return {"step": step, "exp_avg": zeros(), "exp_avg_sq": zeros()}
 
