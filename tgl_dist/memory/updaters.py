@@ -76,7 +76,8 @@ class _CellUpdater(MemoryUpdater):
         for p in (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh):
             nn.init.uniform_(p, -bound, bound)
 
-    def _gate_inputs(self, srcdata):
+    def _node_part(self, srcdata):
+        """``(node-only gate inputs [U, *], inverse [S] or None, mem [S, d_m])``."""
         ids, mem = srcdata["ID"], srcdata["mem"]
         mail = srcdata["mail"].reshape(mem.size(0), -1)
         uniq, inv = torch.unique(ids, return_inverse=True)
@@ -87,15 +88,22 @@ class _CellUpdater(MemoryUpdater):
             mem_u, mail_u = mem[first], mail[first]
         else:
             inv, mem_u, mail_u = None, mem, mail
-        w_mail = self.weight_ih[:, : self.dim_mail]
-        gi = F.linear(mail_u, w_mail, self.bias_ih)
+        gi = F.linear(mail_u, self.weight_ih[:, : self.dim_mail], self.bias_ih)
         gh = F.linear(mem_u, self.weight_hh, self.bias_hh)
-        if inv is not None:
-            gi, gh = gi[inv], gh[inv]
-        if self.time_enc is not None:
-            phi = self.time_enc(srcdata["ts"] - srcdata["mem_ts"])
-            gi = gi + F.linear(phi, self.weight_ih[:, self.dim_mail:])
-        return gi, gh, mem
+        return gi, gh, inv, mem
+
+    def _time_part(self, srcdata, base: Tensor) -> Tensor:
+        """``base + W_t phi(t - memory_ts)`` per occurrence."""
+        if self.time_enc is None:
+            return base
+        phi = self.time_enc(srcdata["ts"] - srcdata["mem_ts"])
+        w_t = self.weight_ih[:, self.dim_mail:]
+        H = self.dim_memory
+        if base.size(1) == w_t.size(0):
+            return torch.addmm(base, phi, w_t.t())
+        # GRU layout [r+z (2H) | i_n (H) | h_n (H)]: time enters r, z and i_n
+        b_in, b_hn = base.split([3 * H, H], 1)
+        return torch.cat([torch.addmm(b_in, phi, w_t.t()), b_hn], 1)
 
 
 class GRUMemoryUpdater(_CellUpdater):
@@ -107,12 +115,17 @@ class GRUMemoryUpdater(_CellUpdater):
     gates = 3
 
     def forward(self, srcdata) -> Tensor:
-        gi, gh, h = self._gate_inputs(srcdata)
-        i_r, i_z, i_n = gi.chunk(3, 1)
-        h_r, h_z, h_n = gh.chunk(3, 1)
-        r = torch.sigmoid(i_r + h_r)
-        z = torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
+        gi, gh, inv, h = self._node_part(srcdata)
+        H = self.dim_memory
+        # node-only part [r+z summed | i_n | h_n], gathered once per occurrence
+        gi_rz, gi_n = gi.split([2 * H, H], 1)
+        gh_rz, gh_n = gh.split([2 * H, H], 1)
+        node = torch.cat([gi_rz + gh_rz, gi_n, gh_n], 1)
+        if inv is not None:
+            node = node[inv]
+        g_rz, g_in, g_hn = self._time_part(srcdata, node).split([2 * H, H, H], 1)
+        r, z = torch.sigmoid(g_rz).chunk(2, 1)  # split/chunk: their backward allocates no zeros
+        n = torch.tanh(g_in + r * g_hn)
         return n + z * (h - n)
 
 
@@ -125,8 +138,11 @@ class RNNMemoryUpdater(_CellUpdater):
     gates = 1
 
     def forward(self, srcdata) -> Tensor:
-        gi, gh, _ = self._gate_inputs(srcdata)
-        return torch.tanh(gi + gh)
+        gi, gh, inv, _ = self._node_part(srcdata)
+        node = gi + gh
+        if inv is not None:
+            node = node[inv]
+        return torch.tanh(self._time_part(srcdata, node))
 
 
 class TransformerMemoryUpdater(MemoryUpdater):

@@ -24,6 +24,7 @@ from tgl_dist.memory.updaters import MemoryUpdater
 from tgl_dist.nn.attention import TemporalAttention
 from tgl_dist.nn.embedding import IdentityEmbedding, JODIETimeProjection
 from tgl_dist.nn.predictor import EdgePredictor
+from tgl_dist.nn.unique import unique_node_time
 from tgl_dist.sampling.block import Block
 
 
@@ -103,33 +104,42 @@ class TemporalLinkModel(nn.Module):
         b0 = mfgs[0]
         R = mfgs[-1].num_dst
         x = self.node_input(b0)
-        mem = None
+        mem, rows = None, None
         if self.memory_updater is not None:
-            mem = self.memory_updater(b0.srcdata)
+            sd = b0.srcdata
+            # s^ depends only on (node, query time): compute it once per distinct pair
+            uq = unique_node_time(sd["ID"], sd["ts"])
+            if uq is not None:
+                first, rows = uq
+                sd = {k: sd[k][first] for k in ("ID", "ts", "mem", "mem_ts", "mail", "mail_ts")}
+                x = None if x is None else x[first]
+            mem = self.memory_updater(sd)
             h = self.memory_updater.combine(mem, x)
         elif x is not None:
             h = x.float()
         else:
             h = torch.zeros(b0.num_src, 0, device=b0.srcdata["ID"].device)
+        root_rows = torch.arange(R, device=h.device) if rows is None else rows[:R]
         if len(self.gnn_layers):
             if len(mfgs) != len(self.gnn_layers):
                 raise ValueError(f"the model has {len(self.gnn_layers)} attention layers but the "
                                  f"batch has {len(mfgs)} blocks (check sampling.layer)")
-            g = h
+            g, g_rows = h, rows
             for layer, block in zip(self.gnn_layers, mfgs):
-                if g.size(0) != block.num_src:
+                n = g.size(0) if g_rows is None else g_rows.numel()
+                if n != block.num_src:
                     raise ValueError(f"block {block} expects {block.num_src} input rows, got "
-                                     f"{g.size(0)}: blocks must chain (dst of one = src of next)")
-                g = layer(block, g)
+                                     f"{n}: blocks must chain (dst of one = src of next)")
+                g, g_rows = layer(block, g, g_rows), None
             emb = g[:R]
         elif isinstance(self.projection, JODIETimeProjection):
-            emb = self.projection(h[:R], b0.srcdata["ts"][:R], b0.srcdata["mem_ts"][:R])
+            emb = self.projection(h[root_rows], b0.srcdata["ts"][:R], b0.srcdata["mem_ts"][:R])
         else:
-            emb = self.projection(h[:R])
+            emb = self.projection(h[root_rows])
         gnn_emb = emb
         if self.output == "memory":
-            emb = h[:R]
-        return emb, (None if mem is None else mem[:R]), gnn_emb
+            emb = h[root_rows]
+        return emb, (None if mem is None else mem[root_rows]), gnn_emb
 
     def forward(self, mfgs: List[Block], metadata: Dict[str, Tensor]) -> LinkPredOutput:
         """Score the batch's positive and negative events.

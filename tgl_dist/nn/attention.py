@@ -17,11 +17,14 @@ Zhou et al. 2022, TGL ``layers.py``).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgl_dist.nn.time_encoding import TimeEncode
+from tgl_dist.nn.unique import unique_first
 from tgl_dist.sampling.block import Block
 
 
@@ -55,8 +58,11 @@ class TemporalAttention(nn.Module):
         dropout: dropout on ``W_o``'s output. att_dropout: dropout on the weights.
 
     Shapes:
-        ``forward(block, h)``: ``h [S, dim_node]`` rows of ``block.srcdata``;
-        returns ``[D, dim_out]`` for the block's destinations.
+        ``forward(block, h, rows=None)``: ``h [S, dim_node]`` rows of ``block.srcdata``
+        (or, with ``rows [S]``, ``h [U, dim_node]`` distinct rows and source row i is
+        ``h[rows[i]]``: products with ``h`` are then computed once per distinct row);
+        returns ``[D, dim_out]`` for the block's destinations. Edge-feature products
+        are computed once per distinct event id.
     """
 
     def __init__(self, dim_node: int, dim_edge: int, dim_time: int, dim_out: int,
@@ -76,25 +82,48 @@ class TemporalAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.att_dropout = nn.Dropout(att_dropout)
 
-    def forward(self, block: Block, h: Tensor) -> Tensor:
+    def forward(self, block: Block, h: Tensor, rows: Optional[Tensor] = None) -> Tensor:
         D, M, H = block.num_dst, block.num_edges, self.num_head
-        h_dst = h[:D]
+        h_dst = h[:D] if rows is None else h[rows[:D]]
         if M == 0:
             agg = h.new_zeros((D, self.dim_out))
         else:
             src, dst = block.edge_index[0], block.edge_index[1]
-            phi0 = self.time_enc(h.new_zeros(1)).expand(D, -1)
-            q = self.w_q(torch.cat([h_dst, phi0], 1))[dst]
-            parts = [h[src]]
-            if self.dim_edge:
-                parts.append(block.edata["f"].float())
-            parts.append(self.time_enc(block.edata["dt"]))
-            k, v = self.w_kv(torch.cat(parts, 1)).split(self.dim_out, 1)
-            q = q.view(M, H, -1)
-            k = k.reshape(M, H, -1)
-            logits = F.leaky_relu((q * k).sum(-1), 0.2)
+            dn, de = self.dim_node, self.dim_edge
+            w, b = self.w_q.weight, self.w_q.bias
+            # q = W_q [h_i || phi(0)]: the phi(0) part is a constant vector
+            q_const = F.linear(self.time_enc(h.new_zeros(1)), w[:, dn:], b)
+            q = torch.addmm(q_const, h_dst, w[:, :dn].t()) if dn else q_const.expand(D, -1)
+            # k, v = W_kv [h_j || e_ij || phi(dt)], as three products (no concatenated copy)
+            w = self.w_kv.weight
+            kv = F.linear(self.time_enc(block.edata["dt"]), w[:, dn + de:], self.w_kv.bias)
+            if dn and rows is not None:
+                kv = kv + F.linear(h, w[:, :dn])[rows[src]]
+            elif dn:
+                h_src = h[D:D + M] if _is_tail_range(src, D, M, h.size(0)) else h[src]
+                kv = torch.addmm(kv, h_src, w[:, :dn].t())
+            if de:
+                f = block.edata["f"].float()
+                first, inv = unique_first(block.edata["ID"]) if "ID" in block.edata else (None, None)
+                if first is not None and 2 * first.numel() < M:
+                    kv = kv + F.linear(f[first], w[:, dn:dn + de])[inv]
+                else:
+                    kv = torch.addmm(kv, f, w[:, dn:dn + de].t())
+            k, v = kv.view(M, 2, H, -1).unbind(1)
+            logits = F.leaky_relu((q.view(D, H, -1)[dst] * k).sum(-1), 0.2)
             att = self.att_dropout(edge_softmax(logits, dst, D))
-            msg = (v.reshape(M, H, -1) * att.unsqueeze(-1)).reshape(M, self.dim_out)
+            msg = (v * att.unsqueeze(-1)).reshape(M, self.dim_out)
             agg = h.new_zeros((D, self.dim_out)).index_add_(0, dst, msg)
-        out = self.w_out(torch.cat([agg, h_dst], 1))
+        w = self.w_out.weight
+        out = torch.addmm(self.w_out.bias, agg, w[:, :self.dim_out].t())
+        if self.dim_node:
+            out = torch.addmm(out, h_dst, w[:, self.dim_out:].t())
         return self.layer_norm(F.relu(self.dropout(out)))
+
+
+def _is_tail_range(src: Tensor, D: int, M: int, S: int) -> bool:
+    """True when edge j's source is row D + j (the sampler's layout): a slice, no gather."""
+    if S != D + M:
+        return False
+    return bool(src[0] == D) and bool(src[-1] == D + M - 1) and bool(
+        (src[1:] - src[:-1] == 1).all()) if M > 1 else bool(src[0] == D)

@@ -1,0 +1,38 @@
+"""Compute once per distinct row: first occurrences and the inverse map.
+
+A node occurs many times in one batch's input layer (as a root and as the neighbour of
+other roots, often at the same time); work that depends only on (node, time) or on
+the event id is done once per distinct key and gathered back.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+def unique_first(keys: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(first [U], inverse [n])``: ``keys[first]`` are the distinct keys (sorted),
+    ``first`` their first positions, and ``keys == keys[first][inverse]``."""
+    uniq, inv = torch.unique(keys, return_inverse=True)
+    first = torch.full((uniq.numel(),), keys.numel(), dtype=torch.long, device=keys.device)
+    first = first.scatter_reduce(0, inv, torch.arange(keys.numel(), device=keys.device),
+                                 reduce="amin")
+    return first, inv
+
+
+def unique_node_time(ids: Tensor, ts: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
+    """``unique_first`` over ``(node id, time)`` pairs, or ``None`` when all are distinct.
+
+    Args:
+        ids: ``[n]`` global ids (int64, ``>= 0``). ts: ``[n]`` times (any float dtype).
+    """
+    if ids.numel() == 0:
+        return None
+    _, t_rank = torch.unique(ts, return_inverse=True)
+    key = ids * (int(t_rank.max()) + 1) + t_rank
+    first, inv = unique_first(key)
+    if first.numel() == ids.numel():
+        return None
+    return first, inv
