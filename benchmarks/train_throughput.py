@@ -1,0 +1,235 @@
+"""TGN training throughput: tgl_dist vs PyTorch Geometric's ``examples/tgn.py``, same data, same run.
+
+    python benchmarks/train_throughput.py --root ../shared/datasets [--epochs 1] [--threads 2]
+
+Settings of PyG's example: memory / time / embedding 100, batch 200, 10 most recent
+neighbours, one attention layer (2 heads), Adam lr 1e-4, one random negative per event.
+
+* ``pyg``: a faithful re-implementation of ``examples/tgn.py`` with ``TGNMemory``,
+  ``IdentityMessage``, ``LastAggregator``, ``LastNeighborLoader``,
+  ``TemporalDataLoader`` and ``TransformerConv`` (the example's GraphAttentionEmbedding
+  and LinkPredictor), run in its own process with ``--threads`` torch threads.
+* ``ours``: ``examples/ctdg/train_tgn.py`` with a TGN config of the same sizes (TGL's
+  formulation of TGN: memory of every input node computed from its mailbox, attention
+  over the 10 most recent neighbours), 1 process with ``--threads`` threads, and 2
+  processes (torchrun) with ``--threads // 2`` threads each, for peak memory per rank.
+
+Events/s: training events of one epoch over its wall time (median over epochs). AP:
+test AP over the whole test split after the last epoch (PyG's per-batch mean AP, what
+its example prints, is reported too). Each side runs in its own process so peak RSS is
+its own. The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "examples" / "ctdg" / "train_tgn.py"
+
+CONFIG = """
+sampling: [{layer: 1, neighbor: [10], strategy: recent, prop_time: False, history: 1, duration: 0}]
+memory: [{type: node, dim_time: 100, deliver_to: self, mail_combine: last, memory_update: gru,
+          mailbox_size: 1, combine_node_feature: True, dim_out: 100}]
+gnn: [{arch: transformer_attention, layer: 1, att_head: 2, dim_time: 100, dim_out: 100}]
+train: [{epoch: 1, batch_size: 200, lr: 0.0001, dropout: 0.1, att_dropout: 0.1}]
+"""
+
+
+def run_pyg(args) -> dict:
+    """PyG's examples/tgn.py, unchanged in substance (no CUDA, our dataset loader)."""
+    import torch
+    from sklearn.metrics import average_precision_score, roc_auc_score
+    from torch.nn import Linear
+    from torch_geometric.data import TemporalData
+    from torch_geometric.loader import TemporalDataLoader
+    from torch_geometric.nn import TGNMemory, TransformerConv
+    from torch_geometric.nn.models.tgn import IdentityMessage, LastAggregator, LastNeighborLoader
+
+    sys.path.insert(0, str(REPO))
+    from tgl_dist.data import load_dataset
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    g = load_dataset(args.data, root=args.root)
+    # PyG's TGNMemory cannot store empty (0-wide) raw messages: a feature-free stream
+    # gets one all-zero column (PyG side only; negligible work)
+    msg = g.edge_attr if g.edge_attr is not None else torch.zeros(g.num_events, 1)
+    data = TemporalData(src=g.src, dst=g.dst, t=g.t.long(), msg=msg)
+    train_data, val_data, test_data = data.train_val_test_split(val_ratio=0.15, test_ratio=0.15)
+    train_loader = TemporalDataLoader(train_data, batch_size=200, neg_sampling_ratio=1.0)
+    val_loader = TemporalDataLoader(val_data, batch_size=200, neg_sampling_ratio=1.0)
+    test_loader = TemporalDataLoader(test_data, batch_size=200, neg_sampling_ratio=1.0)
+    neighbor_loader = LastNeighborLoader(data.num_nodes, size=10)
+
+    class GraphAttentionEmbedding(torch.nn.Module):
+        def __init__(self, in_channels, out_channels, msg_dim, time_enc):
+            super().__init__()
+            self.time_enc = time_enc
+            edge_dim = msg_dim + time_enc.out_channels
+            self.conv = TransformerConv(in_channels, out_channels // 2, heads=2, dropout=0.1,
+                                        edge_dim=edge_dim)
+
+        def forward(self, x, last_update, edge_index, t, msg):
+            rel_t = last_update[edge_index[0]] - t
+            rel_t_enc = self.time_enc(rel_t.to(x.dtype))
+            edge_attr = torch.cat([rel_t_enc, msg], dim=-1)
+            return self.conv(x, edge_index, edge_attr)
+
+    class LinkPredictor(torch.nn.Module):
+        def __init__(self, in_channels):
+            super().__init__()
+            self.lin_src = Linear(in_channels, in_channels)
+            self.lin_dst = Linear(in_channels, in_channels)
+            self.lin_final = Linear(in_channels, 1)
+
+        def forward(self, z_src, z_dst):
+            return self.lin_final((self.lin_src(z_src) + self.lin_dst(z_dst)).relu())
+
+    dim = 100
+    memory = TGNMemory(data.num_nodes, data.msg.size(-1), dim, dim,
+                       message_module=IdentityMessage(data.msg.size(-1), dim, dim),
+                       aggregator_module=LastAggregator())
+    gnn = GraphAttentionEmbedding(dim, dim, data.msg.size(-1), memory.time_enc)
+    link_pred = LinkPredictor(dim)
+    optimizer = torch.optim.Adam(set(memory.parameters()) | set(gnn.parameters())
+                                 | set(link_pred.parameters()), lr=0.0001)
+    criterion = torch.nn.BCEWithLogitsLoss()
+    assoc = torch.empty(data.num_nodes, dtype=torch.long)
+
+    def train():
+        memory.train(); gnn.train(); link_pred.train()  # noqa: E702
+        memory.reset_state()
+        neighbor_loader.reset_state()
+        for batch in train_loader:
+            optimizer.zero_grad()
+            n_id, edge_index, e_id = neighbor_loader(batch.n_id)
+            assoc[n_id] = torch.arange(n_id.size(0))
+            z, last_update = memory(n_id)
+            z = gnn(z, last_update, edge_index, data.t[e_id], data.msg[e_id])
+            pos_out = link_pred(z[assoc[batch.src]], z[assoc[batch.dst]])
+            neg_out = link_pred(z[assoc[batch.src]], z[assoc[batch.neg_dst]])
+            loss = criterion(pos_out, torch.ones_like(pos_out))
+            loss = loss + criterion(neg_out, torch.zeros_like(neg_out))
+            memory.update_state(batch.src, batch.dst, batch.t, batch.msg)
+            neighbor_loader.insert(batch.src, batch.dst)
+            loss.backward()
+            optimizer.step()
+            memory.detach()
+
+    @torch.no_grad()
+    def test(loader):
+        memory.eval(); gnn.eval(); link_pred.eval()  # noqa: E702
+        torch.manual_seed(12345)
+        aps, pos_all, neg_all = [], [], []
+        for batch in loader:
+            n_id, edge_index, e_id = neighbor_loader(batch.n_id)
+            assoc[n_id] = torch.arange(n_id.size(0))
+            z, last_update = memory(n_id)
+            z = gnn(z, last_update, edge_index, data.t[e_id], data.msg[e_id])
+            pos_out = link_pred(z[assoc[batch.src]], z[assoc[batch.dst]]).view(-1)
+            neg_out = link_pred(z[assoc[batch.src]], z[assoc[batch.neg_dst]]).view(-1)
+            y_pred = torch.cat([pos_out, neg_out]).sigmoid()
+            y_true = torch.cat([torch.ones(pos_out.size(0)), torch.zeros(neg_out.size(0))])
+            aps.append(average_precision_score(y_true, y_pred))
+            pos_all.append(pos_out)
+            neg_all.append(neg_out)
+            memory.update_state(batch.src, batch.dst, batch.t, batch.msg)
+            neighbor_loader.insert(batch.src, batch.dst)
+        p, n = torch.cat(pos_all), torch.cat(neg_all)
+        y = torch.cat([torch.ones_like(p), torch.zeros_like(n)])
+        s = torch.cat([p, n])
+        return (float(average_precision_score(y, s)), float(roc_auc_score(y, s)),
+                float(torch.tensor(aps).mean()))
+
+    speeds = []
+    for _ in range(args.epochs):
+        t0 = time.perf_counter()
+        train()
+        speeds.append(train_data.num_events / (time.perf_counter() - t0))
+        val = test(val_loader)
+        tst = test(test_loader)
+    return {"impl": "pyg", "events_per_s": sorted(speeds)[len(speeds) // 2], "val_ap": val[0],
+            "test_ap": tst[0], "test_auc": tst[1], "test_ap_batch_mean": tst[2],
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+
+def run_ours(args, nproc: int, threads: int) -> dict:
+    cfg = Path(tempfile.mkdtemp()) / "TGN_pyg_settings.yml"
+    cfg.write_text(CONFIG)
+    cmd = [sys.executable]
+    if nproc > 1:
+        cmd += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                "--master_port", str(29400 + os.getpid() % 500)]
+    cmd += [str(TRAIN), "--data", args.data, "--root", args.root, "--config", str(cfg),
+            "--epochs", str(args.epochs), "--patience", str(args.epochs + 1), "--eval-neg", "1",
+            "--parts", args.parts, "--partition-algo", args.partition_algo, "--threads",
+            str(threads), "--seed", str(args.seed), "--no-progress",
+            "--metrics-csv", str(cfg.parent / f"metrics_{nproc}.csv")]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise SystemExit(f"our run failed:\n{p.stderr[-3000:]}")
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    return {"impl": f"ours_{nproc}proc", "events_per_s": out["train_events_per_s"],
+            "val_ap": out["val_ap"], "test_ap": out["test_ap"], "test_auc": out["test_auc"],
+            "peak_rss_mib_per_rank": out["peak_rss_mib_per_rank"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="wikipedia")
+    ap.add_argument("--root", default=os.environ.get("TGL_DIST_DATASETS", str(REPO.parent / "shared" / "datasets")))
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parts", default=str(Path(tempfile.gettempdir()) / "tgl_dist_bench_parts"))
+    ap.add_argument("--partition-algo", default="metis_for_tgnn")
+    ap.add_argument("--skip-2proc", action="store_true")
+    ap.add_argument("--impl", choices=["pyg"], help=argparse.SUPPRESS)  # internal: one side only
+    args = ap.parse_args()
+    if args.impl == "pyg":
+        print(json.dumps(run_pyg(args)))
+        return
+    p = subprocess.run([sys.executable, __file__, "--impl", "pyg", "--data", args.data, "--root",
+                        args.root, "--epochs", str(args.epochs), "--threads", str(args.threads),
+                        "--seed", str(args.seed)], capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+    if p.returncode != 0:
+        raise SystemExit(f"PyG run failed:\n{p.stderr[-3000:]}")
+    pyg = json.loads(p.stdout.strip().splitlines()[-1])
+    print(f"pyg      : {pyg['events_per_s']:8.0f} events/s  test AP {pyg['test_ap']:.4f} "
+          f"(per-batch mean {pyg['test_ap_batch_mean']:.4f})  peak RSS {pyg['peak_rss_mib']:.0f} MiB",
+          flush=True)
+    ours = run_ours(args, 1, args.threads)
+    print(f"ours 1p  : {ours['events_per_s']:8.0f} events/s  test AP {ours['test_ap']:.4f}  "
+          f"peak RSS per rank {ours['peak_rss_mib_per_rank']} MiB", flush=True)
+    ours2 = None
+    if not args.skip_2proc:
+        ours2 = run_ours(args, 2, max(1, args.threads // 2))
+        print(f"ours 2p  : {ours2['events_per_s']:8.0f} events/s  test AP {ours2['test_ap']:.4f}  "
+              f"peak RSS per rank {ours2['peak_rss_mib_per_rank']} MiB", flush=True)
+    res = {"data": args.data, "epochs": args.epochs, "threads": args.threads,
+           "ours_events_per_s": round(ours["events_per_s"], 1),
+           "pyg_events_per_s": round(pyg["events_per_s"], 1),
+           "ratio": round(ours["events_per_s"] / pyg["events_per_s"], 3),
+           "ours_test_ap": round(ours["test_ap"], 4), "pyg_test_ap": round(pyg["test_ap"], 4),
+           "pyg_test_ap_batch_mean": round(pyg["test_ap_batch_mean"], 4),
+           "ours_peak_rss_mib_1proc": ours["peak_rss_mib_per_rank"],
+           "pyg_peak_rss_mib": round(pyg["peak_rss_mib"], 1)}
+    if ours2 is not None:
+        res.update(ours_2proc_events_per_s=round(ours2["events_per_s"], 1),
+                   ours_2proc_test_ap=round(ours2["test_ap"], 4),
+                   ours_peak_rss_mib_2proc=ours2["peak_rss_mib_per_rank"])
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
