@@ -1,0 +1,73 @@
+"""TGN on real partitions: 2 ranks end an epoch with the memory and mailbox of 1 process."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tgl_dist.testing import run_distributed
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "TGN.yml"
+GLOBAL_BATCH = 120
+
+
+def _epoch(root: str):
+    from tgl_dist import DistributedContext
+    from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
+    from tgl_dist.loader import DistributedDataLoader
+    from tgl_dist.memory import SharedMailBox
+    from tgl_dist.models import build_model, load_config, run_epoch
+    from tgl_dist.partition import partition_load
+    from tgl_dist.sampling import NegativeSampling, NeighborSampler
+
+    ctx = DistributedContext.init()
+    pdata = partition_load(root, "hash")
+    graph = DistributedGraphStore(pdata)
+    cfg = load_config(CONFIG)
+    sampler = NeighborSampler(graph.num_nodes, 1, [10],
+                              TemporalNeighborSampleGraph(pdata, mode="partitioned"))
+    mb = SharedMailBox(int(pdata.ids.numel()), cfg.memory, graph.edge_feat_dim,
+                       partition_book=pdata.book)
+    loader = DistributedDataLoader(graph, "train", sampler=sampler,
+                                   neg_sampler=NegativeSampling("triplet", "random", 1),
+                                   batch_size=GLOBAL_BATCH // ctx.world_size, train=False,
+                                   mailbox=mb, queue_size=0)
+    torch.manual_seed(0)  # same parameters on every rank and in the 1-process run
+    model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim)
+    with torch.no_grad():  # deterministic updates: eval mode, no dropout, fixed parameters
+        run_epoch(model, loader, mb)
+    ids = pdata.ids if pdata.ids is not None else torch.arange(graph.num_nodes)
+    return tuple(np.array(x.numpy(), copy=True) for x in
+                 (ids, mb.memory, mb.memory_ts, mb.mailbox, mb.mail_ts))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ranks_equal_one_process_on_real_partitions(tmp_path):
+    from tgl_dist.data import TemporalGraph, generate_synthetic
+    from tgl_dist.partition import partition_graph
+
+    s = generate_synthetic(num_nodes=80, num_events=1200, seed=3)
+    # distinct event times, so "latest" orders every pair of updates the same way in any run
+    g = TemporalGraph(s.src, s.dst, s.t + torch.arange(s.num_events) * 1e-3,
+                      num_nodes=s.num_nodes, name="synthetic")
+    assert g.t.unique().numel() == g.num_events  # no equal times: one order for every run
+    for P in (1, 2):
+        partition_graph(g, P, "hash", tmp_path)
+    root = str(tmp_path / g.name)
+    ref = [torch.from_numpy(a) for a in _epoch(root)]
+    assert float(ref[1].abs().sum()) > 0
+    N = g.num_nodes
+    got = [torch.zeros_like(r) for r in ref[1:]]
+    owned = torch.zeros(N, dtype=torch.long)
+    for arrays in run_distributed(_epoch, 2, root):
+        ids, *state = (torch.from_numpy(a) for a in arrays)
+        assert state[0].size(0) == ids.numel() < N  # each rank holds its own nodes only
+        owned[ids] += 1
+        for dst, src in zip(got, state):
+            dst[ids] = src
+    assert bool((owned == 1).all())
+    assert torch.allclose(got[0], ref[1], atol=1e-5)       # memory
+    assert torch.equal(got[1], ref[2])                     # memory_ts
+    assert torch.allclose(got[2], ref[3], atol=1e-5)       # mailbox
+    assert torch.equal(got[3], ref[4])                     # mail_ts
