@@ -76,21 +76,33 @@ class MatGRUCell(nn.Module):
     def __init__(self, rows: int, cols: int) -> None:
         super().__init__()
         self.rows = rows
-        self.U = nn.Parameter(torch.empty(3 * rows, rows))       # U_z, U_r, U_h stacked
-        self.V = nn.Parameter(torch.empty(3 * rows, rows))       # V_z, V_r, V_h stacked
-        self.B = nn.Parameter(torch.zeros(3, rows, cols))
         bound = 1.0 / math.sqrt(rows)
-        nn.init.uniform_(self.U, -bound, bound)
-        nn.init.uniform_(self.V, -bound, bound)
+        u = lambda m: nn.Parameter(torch.empty(m * rows, rows).uniform_(-bound, bound))  # noqa: E731
+        self.U_zr, self.U_h = u(2), u(1)          # [U_z; U_r] stacked, U_h
+        self.V_zr, self.V_h = u(2), u(1)          # [V_z; V_r] stacked, V_h
+        self.B_zr = nn.Parameter(torch.zeros(2 * rows, cols))
+        self.B_h = nn.Parameter(torch.zeros(rows, cols))
+
+    def _step(self, gx_zr: Tensor, gx_h: Tensor, w: Tensor) -> Tensor:
+        z, reset = torch.sigmoid(gx_zr).split(self.rows)
+        w_cap = torch.tanh(gx_h + self.V_h @ (reset * w))
+        return w + z * (w_cap - w)
 
     def forward(self, x: Tensor, w: Tensor) -> Tensor:
-        r = self.rows
-        ux = (self.U @ x).view(3, r, -1)
-        vw = (self.V[: 2 * r] @ w).view(2, r, -1)
-        z = torch.sigmoid(ux[0] + vw[0] + self.B[0])
-        reset = torch.sigmoid(ux[1] + vw[1] + self.B[1])
-        w_cap = torch.tanh(ux[2] + self.V[2 * r:] @ (reset * w) + self.B[2])
-        return (1 - z) * w + z * w_cap
+        return self._step(self.U_zr @ x + self.V_zr @ w + self.B_zr, self.U_h @ x + self.B_h, w)
+
+    def evolve_self(self, w: Tensor, steps: int) -> Tensor:
+        """EvolveGCN-O's recurrence ``W <- GRU(W, W)`` for ``steps`` steps: ``[steps, rows, cols]``.
+
+        With ``X = W`` the z/r gates need one product ``(U_zr + V_zr) W`` per step (the
+        sum is formed once per call), so a step costs three small matrix products.
+        """
+        m_zr = self.U_zr + self.V_zr
+        out = []
+        for _ in range(steps):
+            w = self._step(torch.addmm(self.B_zr, m_zr, w), torch.addmm(self.B_h, self.U_h, w), w)
+            out.append(w)
+        return torch.stack(out)
 
 
 def _tie_order(scores: Tensor, ids: Tensor) -> Tensor:

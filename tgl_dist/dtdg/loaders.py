@@ -305,3 +305,31 @@ def from_temporal(tg, span: Union[float, str, None] = None,
                     span=span if span is not None else f"{num_snapshots} bins")
     g.validate()
     return g
+
+
+def load_dtdg(data: Union[str, Path], root: Union[str, Path, None] = None, lags: int = 4,
+              standardize: bool = True, span: Union[float, str, None] = "month",
+              num_snapshots: Optional[int] = None) -> GraphData:
+    """A snapshot graph from a name or a path.
+
+    Args:
+        data: a ``.json`` file (PGT layouts), a folder name under ``root`` holding
+            ``<name>.json`` (``-`` and ``_`` interchangeable), or any CTDG dataset
+            :func:`tgl_dist.data.load_dataset` reads (name or file), which is then binned
+            with :func:`from_temporal` by ``span`` (default calendar months) or ``num_snapshots``.
+        root: datasets folder.
+        lags, standardize: for PGT node-signal files.
+    """
+    p = Path(data)
+    if p.suffix == ".json":
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: no such PyTorch Geometric Temporal JSON file")
+        return load_pgt_json(p, lags=lags, standardize=standardize)
+    if root is not None and not p.exists():
+        for stem in {str(data), str(data).replace("-", "_"), str(data).replace("_", "-")}:
+            cand = Path(root) / stem / f"{stem}.json"
+            if cand.is_file():
+                return load_pgt_json(cand, lags=lags, standardize=standardize)
+    from tgl_dist.data import load_dataset
+    tg = load_dataset(str(data), root=root, download=False)
+    return from_temporal(tg, span=None if num_snapshots else span, num_snapshots=num_snapshots)

@@ -40,7 +40,10 @@ class SnapshotModel(nn.Module):
         return self.graph.group
 
     def inputs(self, ts: Sequence[int], x: Optional[Tensor]) -> Tensor:
-        return self.graph.features(ts) if x is None else x
+        """Node features of the window ``[Tw, n, F_in]``, in the parameters' dtype."""
+        x = self.graph.features(ts) if x is None else x
+        p = next(self.parameters(), None)
+        return x if p is None or x.dtype == p.dtype else x.to(p.dtype)
 
     def window(self, ts: Sequence[int], x: Optional[Tensor] = None) -> Tensor:
         """``[Tw, n, F_out]`` (time-major); implemented by subclasses."""
@@ -125,11 +128,7 @@ class EvolveGCNO(SnapshotModel):
 
     def evolve(self, layer: int, steps: int, h: Optional[Tensor] = None) -> Tensor:
         """The evolved weights of ``layer`` for ``steps`` snapshots: ``[steps, d_l, d_{l+1}]``."""
-        w, cell, out = self.w0[layer], self.cells[layer], []
-        for _ in range(steps):
-            w = cell(w, w)
-            out.append(w)
-        return torch.stack(out)
+        return self.cells[layer].evolve_self(self.w0[layer], steps)
 
     def window(self, ts, x=None):
         h = self.inputs(ts, x)

@@ -164,12 +164,12 @@ class NodeRegression(nn.Module):
     def forward(self, model, window: Dict, split: str, epoch: int = 0, evaluate: bool = False) -> Tensor:
         g = self.graph
         t = int(window["label_ts"])
-        y = g.node()[self.target][:, t].float()
+        y = g.node()[self.target][:, t].to(self.head.weight.dtype)
         pred = self.head(model(window["hist_ts"])).squeeze(-1)
         se = (pred - y) ** 2
         loss = se.sum() / float(g.num_nodes)
         if evaluate:
-            prev = g.node()[self.target][:, t - 1].float()
+            prev = g.node()[self.target][:, t - 1].to(y.dtype)
             self._sums += torch.tensor([float(se.detach().sum()), float(((prev - y) ** 2).sum()),
                                         float(y.numel())], dtype=torch.float64)
         return loss

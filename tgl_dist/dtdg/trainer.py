@@ -31,6 +31,9 @@ def sync_parameters(module: nn.Module, group=None) -> None:
 
 def all_reduce_gradients(params: List[nn.Parameter], group=None) -> None:
     """Sum every parameter's gradient over the ranks, in one flat all-reduce (collective)."""
+    from tgl_dist.dist import world
+    if world(group)[1] == 1:
+        return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     if not grads:
         return
@@ -72,7 +75,7 @@ class Trainer:
         sync_parameters(model, self.group)
         sync_parameters(task, self.group)
         self.params = [p for m in (model, task) for p in m.parameters()]
-        self.opt = torch.optim.Adam(self.params, lr=lr, weight_decay=weight_decay)
+        self.opt = torch.optim.Adam(self.params, lr=lr, weight_decay=weight_decay, foreach=True)
         self.hooks: List[EpochHook] = list(on_epoch_end or [])
         self.progress = progress
         self.history: List[Dict] = []
