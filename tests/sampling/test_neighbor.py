@@ -169,3 +169,23 @@ def test_bad_arguments():
     s = NeighborSampler(g.num_nodes, 1, 3, g)
     with pytest.raises(ValueError, match="root ids"):
         s.sample(torch.tensor([7]), torch.tensor([1.0]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["recent", "uniform"])
+def test_compiled_kernel_equals_torch_path(wiki, policy):
+    from tgl_dist.sampling.kernel import get_kernel
+    if get_kernel() is None:
+        pytest.skip("no C++ compiler: the compiled kernel cannot be built here")
+    N, ev = _small_real(wiki, 20000)
+    g = TemporalNeighborSampleGraph(ev, "full", num_nodes=N)
+    i = torch.arange(15000, 16000)
+    nodes = torch.cat([ev["src"][i], ev["dst"][i], ev["dst"][i.flip(0)]])
+    ts = torch.cat([ev["t"][i], ev["t"][i], ev["t"][i] + 0.5])
+    a = NeighborSampler(N, 2, [10, 4], g, policy=policy, backend="torch").sample(nodes, ts, epoch=2)
+    b = NeighborSampler(N, 2, [10, 4], g, policy=policy, backend="cpp").sample(nodes, ts, epoch=2)
+    for x, y in zip(a, b):
+        assert x.num_dst == y.num_dst
+        for d1, d2 in ((x.srcdata, y.srcdata), (x.edata, y.edata)):
+            assert all(torch.equal(d1[key], d2[key]) for key in d1)
+        assert torch.equal(x.edge_index, y.edge_index)

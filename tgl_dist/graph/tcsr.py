@@ -8,15 +8,17 @@ under ``u`` with neighbour ``v`` and under ``v`` with neighbour ``u``) sorted by
     nbr    [2E]      the other endpoint (global id)
     ts     [2E]      event time (float64)
     eid    [2E]      event id (global)
-    key    [2E]      node * (U + 1) + rank of ts among the U distinct times (int64);
-                     sorted, so one ``torch.searchsorted`` finds "events of n before t"
+    key    [2E]      sorted search key, so one ``torch.searchsorted`` finds "events of n
+                     before t": ``node * span + (t - t_min)`` (float64, exact) when times
+                     are integers, else ``node * (U + 1) + rank of t among the U distinct
+                     times`` (int64, plus the distinct times)
 
 Two modes:
 
 * ``'full'``: every rank holds the structure of the WHOLE graph, built from all
   ranks' owned events gathered with :func:`tgl_dist.dist.all_gather_v`. Memory per
-  rank: ``(8 + 8 + 8 + 8) * 2E + 8 (N + 1) + 8 U`` bytes (nbr, ts, eid, key per
-  direction; indptr; distinct times), about 64 bytes per event: 10 MB for Wikipedia
+  rank: ``(8 + 8 + 8 + 8) * 2E + 8 (N + 1)`` bytes (nbr, ts, eid, key per
+  direction; indptr; plus 8 U for U distinct non-integer times), about 64 bytes per event: 10 MB for Wikipedia
   (157 k events), 56 MB for facebook-wall (877 k), 64 GB for a 1 G-event graph.
   Sampling needs no communication.
 * ``'partitioned'``: a rank keeps only the neighbourhoods of the nodes it owns
@@ -134,20 +136,30 @@ class TemporalNeighborSampleGraph:
         nbr = torch.cat([dst, src])
         ts = torch.cat([t, t])
         ids = torch.cat([eid, eid])
-        # distinct times and the rank of each event time among them
-        self.times, trank = torch.unique(ts, sorted=True, return_inverse=True)
-        self._span = int(self.times.numel()) + 1
-        # sort by (node, time, eid): eid first, then stable sorts on time rank and node
+        # sort by (node, time, eid): eid first, then stable sorts on time and node
         o = torch.sort(ids, stable=True).indices
-        o = o[torch.sort(trank[o], stable=True).indices]
+        o = o[torch.sort(ts[o], stable=True).indices]
         o = o[torch.sort(node[o], stable=True).indices]
         node, self.nbr, self.ts, self.eid = node[o], nbr[o], ts[o], ids[o]
-        self.key = node * self._span + trank[o]
         counts = torch.bincount(node, minlength=self.num_nodes)
         self.indptr = torch.zeros(self.num_nodes + 1, dtype=torch.long)
         torch.cumsum(counts, 0, out=self.indptr[1:])
+        # search key: node-major, time-minor, sorted
+        self._tmin = float(ts.min()) if ts.numel() else 0.0
+        span = float(ts.max()) - self._tmin + 1 if ts.numel() else 1.0
+        integral = bool((ts == torch.floor(ts)).all()) if ts.numel() else True
+        if integral and (self.num_nodes + 1) * span < 2.0 ** 52:
+            # integer times: one float64 key node * span + (t - tmin) is exact
+            self._span = span
+            self.times = None
+            self.key = node.to(torch.float64) * span + (self.ts - self._tmin)
+        else:
+            # general times: node * (U + 1) + rank of t among the U distinct times (int64)
+            self.times, trank = torch.unique(self.ts, sorted=True, return_inverse=True)
+            self._span = int(self.times.numel()) + 1
+            self.key = node * self._span + trank
 
-    # ---------------------------------------------------------------- queries
+        # ---------------------------------------------------------------- queries
     def before(self, nodes: Tensor, ts: Tensor) -> Tuple[Tensor, Tensor]:
         """Row range of each node's events strictly before its query time.
 
@@ -159,9 +171,14 @@ class TemporalNeighborSampleGraph:
             ``(start, end)`` ``[R]`` each: rows ``start:end`` are the node's events with
             time ``< ts``, in ``(time, eid)`` order.
         """
-        qrank = torch.searchsorted(self.times, ts.to(torch.float64), right=False)
-        end = torch.searchsorted(self.key, nodes * self._span + qrank, right=False)
-        return self.indptr[nodes], end
+        ts = ts.to(torch.float64)
+        if self.times is None:  # integer event times: t < q  <=>  t < ceil(q)
+            q = (torch.ceil(ts) - self._tmin).clamp_(0.0, self._span)
+            end = torch.searchsorted(self.key, nodes.to(torch.float64) * self._span + q, right=False)
+        else:
+            qrank = torch.searchsorted(self.times, ts, right=False)
+            end = torch.searchsorted(self.key, nodes * self._span + qrank, right=False)
+        return self.indptr.index_select(0, nodes), end
 
     def degree(self, nodes: Tensor) -> Tensor:
         """Number of incident events of each node held here, ``[R]``."""
@@ -176,7 +193,8 @@ class TemporalNeighborSampleGraph:
     def nbytes(self) -> int:
         """Bytes held by the structure on this rank."""
         return sum(x.numel() * x.element_size()
-                   for x in (self.indptr, self.nbr, self.ts, self.eid, self.key, self.times))
+                   for x in (self.indptr, self.nbr, self.ts, self.eid, self.key, self.times)
+                   if x is not None)
 
     def __repr__(self) -> str:
         return (f"TemporalNeighborSampleGraph(mode={self.mode!r}, num_nodes={self.num_nodes}, "

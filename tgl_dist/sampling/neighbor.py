@@ -35,7 +35,21 @@ from tgl_dist.sampling.hashing import GOLDEN, hash_keys, mix64, time_bits, unifo
 log = logging.getLogger(__name__)
 
 POLICIES = ("recent", "uniform")
-Hop = Tuple[Tensor, Tensor, Tensor, Tensor]  # (row, nbr, eid, edge_ts), flat, row-major
+BACKENDS = ("torch", "cpp", "auto")
+Hop = Tuple[Tensor, Tensor, Tensor, Tensor, Optional[Tensor]]  # (row, nbr, eid, edge_ts, dt?), flat
+
+
+def compact(cnt: Tensor) -> Tuple[Tensor, Tensor]:
+    """Flatten ``cnt[r]`` items per row: ``(row, j)`` of every item, row-major, ``[sum(cnt)]`` each."""
+    R = cnt.numel()
+    if R == 0:
+        z = torch.zeros(0, dtype=torch.long)
+        return z, z
+    ends = torch.cumsum(cnt, 0)
+    total = int(ends[-1])
+    row = torch.repeat_interleave(torch.arange(R), cnt, output_size=total)
+    j = torch.arange(total, dtype=torch.long) - (ends - cnt).index_select(0, row)
+    return row, j
 
 
 @contextlib.contextmanager
@@ -67,6 +81,10 @@ class NeighborSampler:
         policy: ``'recent'`` or ``'uniform'``.
         seed: base seed of the uniform policy (default 0).
         graph_name: optional name used in log messages.
+        backend: ``'torch'`` (vectorised torch ops), ``'cpp'`` (the compiled kernel of
+            :mod:`tgl_dist.sampling.kernel`, built on first use; error if it cannot be
+            built) or ``'auto'`` (the kernel when it builds, else torch). All return
+            identical samples.
 
     Shapes:
         R: roots, ``D_l`` / ``S_l`` / ``M_l``: destinations / sources / edges of block l.
@@ -74,7 +92,8 @@ class NeighborSampler:
 
     def __init__(self, num_nodes: int, num_layers: int, fanout: Union[int, Sequence[int]],
                  graph_data: TemporalNeighborSampleGraph, workers: int = 1,
-                 policy: str = "recent", seed: int = 0, graph_name: Optional[str] = None) -> None:
+                 policy: str = "recent", seed: int = 0, graph_name: Optional[str] = None,
+                 backend: str = "torch") -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if num_layers < 1:
@@ -94,6 +113,17 @@ class NeighborSampler:
         self.policy = policy
         self.seed = int(seed)
         self.name = graph_name or "graph"
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self._kernel = None
+        if backend != "torch":
+            from tgl_dist.sampling.kernel import get_kernel
+            self._kernel = get_kernel()
+            if self._kernel is None and backend == "cpp":
+                raise RuntimeError("backend='cpp': the compiled sampling kernel could not be built "
+                                   "(see the warning above); use backend='torch' or 'auto'")
+        self.backend = "cpp" if self._kernel is not None else "torch"
+        self._salts: dict = {}
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -102,70 +132,91 @@ class NeighborSampler:
 
     def salt(self, epoch: Optional[int] = None) -> int:
         """The uniform policy's key for ``epoch`` (default: the current epoch)."""
-        return int(hash_keys(self.seed, torch.tensor(self.epoch if epoch is None else int(epoch))))
+        e = self.epoch if epoch is None else int(epoch)
+        if e not in self._salts:
+            self._salts[e] = int(hash_keys(self.seed, torch.tensor(e)))
+        return self._salts[e]
 
     # ------------------------------------------------------------ local core
-    def sample_local(self, nodes: Tensor, ts: Tensor, k: int, salt: int = 0) -> Tuple[Tensor, Tensor]:
+    def sample_local(self, nodes: Tensor, ts: Tensor, k: int, salt: int = 0
+                     ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
         """Sample on this rank's T-CSR (nodes must be held here); ``salt`` keys uniform draws.
 
         Returns:
-            ``(idx, valid)``: ``[R, k]`` row indices into the T-CSR arrays and a mask of
-            the valid ones; valid entries of a row are chronological and left-aligned.
+            ``(first, table, cnt)``: ``cnt`` ``[R]`` neighbours per root. With ``table``
+            None the neighbours of root r are T-CSR rows ``first[r] + 0..cnt[r]-1``;
+            otherwise ``table`` ``[R, k]`` holds the rows, left-aligned. Chronological.
         """
         g = self.graph
         start, end = g.before(nodes, ts)
         avail = end - start
-        ar = torch.arange(k, dtype=torch.long)
+        cnt = avail.clamp(max=k)
         if self.policy == "recent":
-            cnt = avail.clamp(max=k)
-            idx = (end - cnt).unsqueeze(1) + ar
-            return idx, ar < cnt.unsqueeze(1)
-        idx = start.unsqueeze(1) + ar
-        valid = ar < avail.unsqueeze(1)
+            return end - cnt, None, cnt
         big = (avail > k).nonzero().view(-1)
-        if big.numel():
-            c = avail[big]
-            base = hash_keys(salt, nodes[big], time_bits(ts[big]))
-            pick = torch.empty(big.numel(), k, dtype=torch.long)
-            for j in range(k):  # Floyd's algorithm: k distinct offsets in [0, c), vectorised over rows
-                i = c - k + j
-                r = uniform_below(mix64(base + wrap64((j + 1) * GOLDEN)), i + 1)
-                if j:
-                    dup = (pick[:, :j] == r.unsqueeze(1)).any(1)
-                    r = torch.where(dup, i, r)
-                pick[:, j] = r
-            pick = pick.sort(dim=1).values
-            idx[big] = start[big].unsqueeze(1) + pick
-        return idx, valid
+        if big.numel() == 0:
+            return start, None, cnt
+        table = start.unsqueeze(1) + torch.arange(k, dtype=torch.long)
+        c = avail.index_select(0, big)
+        base = hash_keys(salt, nodes.index_select(0, big), time_bits(ts.index_select(0, big)))
+        pick = torch.empty(big.numel(), k, dtype=torch.long)
+        for j in range(k):  # Floyd's algorithm: k distinct offsets in [0, c), vectorised over rows
+            i = c - k + j
+            r = uniform_below(mix64(base + wrap64((j + 1) * GOLDEN)), i + 1)
+            if j:
+                dup = (pick[:, :j] == r.unsqueeze(1)).any(1)
+                r = torch.where(dup, i, r)
+            pick[:, j] = r
+        pick = pick.sort(dim=1).values
+        table.index_copy_(0, big, start.index_select(0, big).unsqueeze(1) + pick)
+        return start, table, cnt
 
     def _hop_local(self, nodes: Tensor, ts: Tensor, k: int, salt: int) -> Hop:
-        idx, valid = self.sample_local(nodes, ts, k, salt)
-        nz = valid.nonzero()
-        row = nz[:, 0]
-        e = idx[row, nz[:, 1]]
         g = self.graph
-        return row, g.nbr[e], g.eid[e], g.ts[e]
+        if self._kernel is not None:
+            row, nbr, eid, ets, dt = self._kernel.sample_hop(
+                g.indptr, g.ts, g.nbr, g.eid, nodes.contiguous(), ts.contiguous(), k,
+                self.policy == "uniform", salt)
+            return row, nbr, eid, ets, dt  # the kernel computes dt too
+        first, table, cnt = self.sample_local(nodes, ts, k, salt)
+        row, j = compact(cnt)
+        if table is None:
+            e = first.index_select(0, row) + j
+        else:
+            e = table.view(-1).index_select(0, row * k + j)
+        g = self.graph
+        return row, g.nbr.index_select(0, e), g.eid.index_select(0, e), g.ts.index_select(0, e), None
 
     def _hop_remote(self, nodes: Tensor, ts: Tensor, k: int, salt: int, group) -> Hop:
-        """Partitioned mode: every root goes to its owner, which samples and replies."""
+        """Partitioned mode: every root goes to its owner, which samples and replies.
+
+        Reply per request: ``[cnt | nbr x k | eid x k | time bits x k]`` (int64).
+        """
         g = self.graph
         plan = Plan(g.book.to_owner(nodes), group)
         req = plan.forward(torch.stack([nodes, time_bits(ts)], 1))
         rn, rt = req[:, 0].contiguous(), req[:, 1].contiguous().view(torch.float64)
         if rn.numel() and not bool(g.owns(rn).all()):
             raise RuntimeError("partitioned sampling received a request for a node this rank does not own")
-        idx, valid = self.sample_local(rn, rt, k, salt)
-        idx = idx.clamp(max=max(g.nbr.numel() - 1, 0))
         m = rn.numel()
-        out = torch.full((m, 3, k), -1, dtype=torch.long)
-        if g.nbr.numel():
-            out[:, 0] = g.nbr[idx]
-            out[:, 1] = torch.where(valid, g.eid[idx], -1)
-            out[:, 2] = time_bits(g.ts[idx])
-        back = plan.backward(out.view(m, 3 * k)).view(-1, 3, k)
-        nz = (back[:, 1] >= 0).nonzero()
-        row, col = nz[:, 0], nz[:, 1]
-        return row, back[row, 0, col], back[row, 1, col], back[row, 2, col].view(torch.float64)
+        out = torch.zeros((m, 1 + 3 * k), dtype=torch.long)
+        if m and g.nbr.numel():
+            row, nbr, eid, ets, _ = self._hop_local(rn, rt, k, salt)
+            cnt = torch.bincount(row, minlength=m)
+            _, j = compact(cnt)
+            flat = out[:, 1:].view(m, 3, k)
+            flat[row, 0, j] = nbr
+            flat[row, 1, j] = eid
+            flat[row, 2, j] = time_bits(ets)
+            out[:, 0] = cnt
+        back = plan.backward(out)
+        n = back.size(0)
+        row, j = compact(back[:, 0].contiguous())
+        body = back[:, 1:].reshape(-1)
+        base = row * (3 * k) + j
+        return (row, body.index_select(0, base), body.index_select(0, base + k),
+                body.index_select(0, base + 2 * k).view(torch.float64), None) if n else (
+                    row, row.clone(), row.clone(), torch.zeros(0, dtype=torch.float64), None)
 
     def _hop(self, nodes: Tensor, ts: Tensor, k: int, salt: int, group) -> Hop:
         if self.graph.mode == "partitioned":
@@ -194,7 +245,7 @@ class NeighborSampler:
         ts = torch.as_tensor(ts, dtype=torch.float64).reshape(-1)
         if nodes.numel() != ts.numel():
             raise ValueError(f"nodes ({nodes.numel()}) and ts ({ts.numel()}) differ in length")
-        if nodes.numel() and (int(nodes.min()) < 0 or int(nodes.max()) >= self.num_nodes):
+        if nodes.numel() and (lambda mm: int(mm[0]) < 0 or int(mm[1]) >= self.num_nodes)(torch.aminmax(nodes)):
             raise ValueError(f"root ids must lie in [0, {self.num_nodes})")
         blocks: List[Block] = []
         salt = self.salt(epoch)
@@ -207,15 +258,17 @@ class NeighborSampler:
                     # the first prev_dst destinations were sampled with the same k last hop
                     new = self._hop(dst_id[prev_dst:], dst_ts[prev_dst:], k, salt, group)
                     hop = (torch.cat([prev[0], new[0] + prev_dst]),) + tuple(
-                        torch.cat([a, b]) for a, b in zip(prev[1:], new[1:]))
+                        torch.cat([a, b]) for a, b in zip(prev[1:4], new[1:4])) + (
+                        None if prev[4] is None or new[4] is None else torch.cat([prev[4], new[4]]),)
                 else:
                     hop = self._hop(dst_id, dst_ts, k, salt, group)
-                row, nbr, eid, ets = hop
+                row, nbr, eid, ets, dt = hop
                 d = dst_id.numel()
                 src_id = torch.cat([dst_id, nbr])
                 src_ts = torch.cat([dst_ts, ets])
                 edge_index = torch.stack([torch.arange(d, d + nbr.numel()), row])
-                dt = (dst_ts[row] - ets).to(torch.float32)
+                if dt is None:
+                    dt = (dst_ts.index_select(0, row) - ets).to(torch.float32)
                 blocks.append(Block({"ID": src_id, "ts": src_ts}, {"ID": eid, "dt": dt}, edge_index, d))
                 prev, prev_dst = hop, d
                 dst_id, dst_ts = src_id, src_ts
@@ -228,4 +281,4 @@ class NeighborSampler:
 
     def __repr__(self) -> str:
         return (f"NeighborSampler(policy={self.policy!r}, fanout={self.fanout}, "
-                f"mode={self.graph.mode!r}, workers={self.workers})")
+                f"mode={self.graph.mode!r}, workers={self.workers}, backend={self.backend!r})")
