@@ -36,9 +36,9 @@ def _run_models(graph, dtype=torch.float64):
     return graph.owned_ids, out
 
 
-def _exact_worker(path):
+def _exact_worker(path, tiny_path):
     DistributedContext.init()
-    return to_numpy(_run_models(get_graph(path)))
+    return to_numpy(_run_models(get_graph(path))), _gradcheck(tiny_path)
 
 
 def _rel(a, b):
@@ -48,15 +48,18 @@ def _rel(a, b):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     g = small_graph()
-    path = g.save_partition(tmp_path_factory.mktemp("parts"), 2, "random", seed=1)
-    dist_res = to_torch(run_distributed(_exact_worker, 2, str(path)))
-    return g, _run_models(DistGraph.from_graph_data(g))[1], dist_res
+    root = tmp_path_factory.mktemp("parts")
+    path = g.save_partition(root, 2, "random", seed=1)
+    tiny = small_graph(N=12, T=3, E=30, name="tiny").save_partition(root, 2, "random")
+    res = run_distributed(_exact_worker, 2, str(path), str(tiny))
+    return (g, _run_models(DistGraph.from_graph_data(g))[1], to_torch([r[0] for r in res]),
+            [r[1] for r in res])
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", MODELS)
 def test_two_ranks_equal_single_process(results, name):
-    g, ref, dist_res = results
+    g, ref, dist_res, _ = results
     out = torch.zeros_like(ref[name][0])
     for owned, res in dist_res:
         assert res[name][0].shape[0] == owned.numel() > 0
@@ -83,7 +86,7 @@ def test_gcn_matches_pyg_gcnconv():
         assert torch.allclose(out[:, t], ref, atol=1e-12)
 
 
-def _gradcheck_worker(path):
+def _gradcheck(path):
     """gradcheck of the route inside a function that is the same on every rank.
 
     Per-process gradcheck needs one global function: every rank holds the same input
@@ -92,7 +95,6 @@ def _gradcheck_worker(path):
     gathered on every rank (so each rank's backward seeds the same output element).
     Both helpers are ``AllToAllV``; the checked Jacobian is the route's.
     """
-    DistributedContext.init()
     graph = get_graph(path)
     N, F, P = graph.num_nodes, 2, graph.world_size
     book = PartitionBook(graph.owner)
@@ -119,11 +121,8 @@ def _gradcheck_worker(path):
 
 
 @pytest.mark.distributed
-def test_route_gradcheck_two_ranks(tmp_path):
-    g = small_graph(N=12, T=3, E=30, name="tiny")
-    path = g.save_partition(tmp_path, 2, "random")
-    res = run_distributed(_gradcheck_worker, 2, str(path))
-    for ok, values_ok, ids_ok, halo in res:
+def test_route_gradcheck_two_ranks(results):
+    for ok, values_ok, ids_ok, halo in results[3]:
         assert ok and values_ok and ids_ok
         assert halo > 0
 

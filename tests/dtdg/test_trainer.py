@@ -43,7 +43,7 @@ def _fit(graph, task):
     t = build_task(task, graph, 8, **({"neg_eval": 5} if task == "link_pred" else {}))
     sp = Splitter.from_graph(graph, hist_len=3, task=task)
     calls = []
-    out = Trainer(model, t, sp, lr=0.01, epochs=3, patience=5,
+    out = Trainer(model, t, sp, lr=0.01, epochs=2, patience=5,
                   on_epoch_end=[lambda tr, e, rec: calls.append(e)]).fit()
     out["hook_calls"] = calls
     return out
@@ -75,7 +75,7 @@ def fits(tmp_path_factory):
 def test_two_ranks_train_like_one(fits, task, keys):
     ref_all, res_all = fits
     ref = ref_all[task]
-    assert ref["hook_calls"] == [0, 1, 2]
+    assert ref["hook_calls"] == [0, 1]
     for r in (res[task] for res in res_all):
         for k in keys + [k.replace("test", "baseline_test") for k in keys if k.startswith("test")]:
             assert abs(r[k] - ref[k]) < 1e-4, (k, r[k], ref[k])
