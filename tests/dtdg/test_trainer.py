@@ -80,3 +80,15 @@ def test_two_ranks_train_like_one(fits, task, keys):
         for k in keys + [k.replace("test", "baseline_test") for k in keys if k.startswith("test")]:
             assert abs(r[k] - ref[k]) < 1e-4, (k, r[k], ref[k])
         assert r["test_num"] == ref["test_num"] > 0
+
+
+def test_build_model_by_name():
+    graph = DistGraph.from_graph_data(small_graph())
+    for name, cls in [("egcn_o", "EvolveGCNO"), ("EvolveGCN-H", "EvolveGCNH"), ("t-gcn", "TGCN"),
+                      ("gcrn", "GConvGRU"), ("gcn", "GCN")]:
+        m = build_model({"model": name, "hidden_dim": 6}, graph)
+        assert type(m).__name__ == cls and m(range(3)).shape == (graph.num_owned, 6)
+    with pytest.raises(ValueError, match=r"unknown DTDG model 'egcn'.*evolvegcn-o"):
+        build_model({"model": "egcn"}, graph)
+    with pytest.raises(ValueError, match="K in"):
+        build_model({"model": "gconvgru", "K": 3}, graph)

@@ -16,7 +16,7 @@ Worked example (2 ranks, 4 nodes, owner = ``[0, 1, 0, 1]``, edges 1->0, 3->0, 0-
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import Tensor

@@ -14,7 +14,7 @@ filtered against true edges (a collision has probability ~ in-degree / N).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -189,5 +189,3 @@ def build_task(name: str, graph, dim: int, **kwargs) -> nn.Module:
         return NodeRegression(graph, dim, **{k: v for k, v in kwargs.items() if k == "target"})
     raise ValueError(f"unknown task {name!r}; known: ['link_pred', 'node_regression']")
 
-
-OptTensor = Optional[Tensor]
