@@ -146,7 +146,8 @@ def main(argv=None) -> dict:
     stopper = EarlyStopMonitor(patience=args.patience)
     csv_path = Path(args.metrics_csv or folder / f"metrics_{cfg.name}_{ctx.world_size}.csv")
     fields = ["epoch", "train_loss", "train_ap", "train_events_per_s", "val_ap", "val_auc",
-              "val_mrr", "test_ap", "test_auc", "test_mrr", "epoch_s"]
+              "val_mrr", "test_ap", "test_auc", "test_mrr", "val_ap_batch_mean",
+              "test_ap_batch_mean", "epoch_s"]
     writer = None
     if ctx.rank == 0:
         csv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +179,8 @@ def main(argv=None) -> dict:
                 speeds.append(res["events_per_s"])
             else:
                 row.update({f"{split}_ap": r["ap"], f"{split}_auc": r["auc"],
-                            f"{split}_mrr": r.get("mrr", float("nan"))})
+                            f"{split}_mrr": r.get("mrr", float("nan")),
+                            f"{split}_ap_batch_mean": res["ap_batch_mean"]})
         row["epoch_s"] = time.perf_counter() - t_ep
         epochs_run += 1
         if writer is not None:
@@ -197,7 +199,7 @@ def main(argv=None) -> dict:
     summary = {"model": cfg.name, "data": folder.name, "world_size": ctx.world_size,
                "epochs": epochs_run, "best_epoch": best["epoch"], "val_ap": best["val_ap"],
                "val_auc": best["val_auc"], "test_ap": best["test_ap"], "test_auc": best["test_auc"],
-               "test_mrr": best["test_mrr"],
+               "test_mrr": best["test_mrr"], "test_ap_batch_mean": best["test_ap_batch_mean"],
                "train_events_per_s": sorted(speeds)[len(speeds) // 2],
                "peak_rss_mib": float(rss_all.max()),
                "peak_rss_mib_per_rank": [round(float(x), 1) for x in rss_all],

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tgl_dist.dist import all_reduce_
-from tgl_dist.metrics import LinkPredMetrics
+from tgl_dist.metrics import LinkPredMetrics, average_precision
 from tgl_dist.models.parallel import all_reduce_gradients
 
 
@@ -45,11 +45,12 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         progress: optional tqdm-like object with ``update(n)`` (rank 0).
     Returns:
         ``{'loss': mean loss over steps, 'events': events over all ranks, 'seconds',
-        'events_per_s'}``.
+        'events_per_s'}``, and in evaluation with ``metrics`` the mean of per-batch APs
+        ``'ap_batch_mean'`` (for comparison with published per-batch figures only).
     """
     train = optimizer is not None
     model.train(train)
-    total, steps, events = 0.0, 0, 0
+    total, steps, events, ap_sum = 0.0, 0, 0, 0.0
     t0 = time.perf_counter()
     with torch.set_grad_enabled(train):
         for roots, mfgs, meta, _ in loader:
@@ -69,6 +70,8 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
                 k = neg.numel() // max(B, 1)
                 neg_k = neg.detach().view(k, B).t() if k > 1 else None
                 metrics.update(pos.detach(), neg.detach()[:B], neg_k)
+                if not train and B:
+                    ap_sum += average_precision(pos.detach(), neg.detach()[:B])
             if mailbox is not None:
                 mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
                                roots.extra.get("f"), out.embedding, out.mail_uses_embedding,
@@ -76,8 +79,13 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
             if progress is not None:
                 progress.update(1)
     seconds = time.perf_counter() - t0
-    cnt = torch.tensor([float(events), total, float(steps)], dtype=torch.float64)
+    cnt = torch.tensor([float(events), total, float(steps), ap_sum], dtype=torch.float64)
     all_reduce_(cnt, group=group)
     ev = int(cnt[0])
-    return {"loss": float(cnt[1] / max(cnt[2], 1)), "events": ev, "seconds": seconds,
-            "events_per_s": ev / max(seconds, 1e-9)}
+    out = {"loss": float(cnt[1] / max(cnt[2], 1)), "events": ev, "seconds": seconds,
+           "events_per_s": ev / max(seconds, 1e-9)}
+    if metrics is not None and not train:
+        # the mean of per-batch APs (each rank's share of a step is one batch): what TGN,
+        # TGL, DyGLib and PyG print; reported beside the whole-split AP for comparison only
+        out["ap_batch_mean"] = float(cnt[3] / max(cnt[2], 1))
+    return out
