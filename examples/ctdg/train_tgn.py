@@ -157,7 +157,7 @@ def main(argv=None) -> dict:
     bar = None
     if ctx.rank == 0 and not args.no_progress:
         from tqdm import tqdm
-    best, speeds, epochs_run = None, [], 0
+    best, speeds, cpu_speeds, epochs_run = None, [], [], 0
     for epoch in range(cfg.train.epoch):
         t_ep = time.perf_counter()
         if mailbox is not None:
@@ -177,6 +177,7 @@ def main(argv=None) -> dict:
                 row.update(train_loss=res["loss"], train_ap=r["ap"],
                            train_events_per_s=res["events_per_s"])
                 speeds.append(res["events_per_s"])
+                cpu_speeds.append(res["events_per_cpu_s"])
             else:
                 row.update({f"{split}_ap": r["ap"], f"{split}_auc": r["auc"],
                             f"{split}_mrr": r.get("mrr", float("nan")),
@@ -201,6 +202,7 @@ def main(argv=None) -> dict:
                "val_auc": best["val_auc"], "test_ap": best["test_ap"], "test_auc": best["test_auc"],
                "test_mrr": best["test_mrr"], "test_ap_batch_mean": best["test_ap_batch_mean"],
                "train_events_per_s": sorted(speeds)[len(speeds) // 2],
+               "train_events_per_cpu_s": sorted(cpu_speeds)[len(cpu_speeds) // 2],
                "peak_rss_mib": float(rss_all.max()),
                "peak_rss_mib_per_rank": [round(float(x), 1) for x in rss_all],
                "batch_size": cfg.train.batch_size, "partition_algo": args.partition_algo,
