@@ -27,8 +27,7 @@ def _run_models(graph, dtype=torch.float64):
     for name in MODELS:
         torch.manual_seed(0)
         m = build_model({"model": name, "hidden_dims": DIMS}, graph).to(dtype)
-        x = graph.features(range(T)).to(dtype)
-        y = m.forward_sequence(range(T), x)
+        y = m.forward_sequence(range(T))            # features from the graph: cached first layer
         (y * coef[graph.owned_ids].to(dtype)).sum().backward()
         params = list(m.parameters())
         all_reduce_gradients(params, graph.group)
@@ -69,6 +68,17 @@ def test_two_ranks_equal_single_process(results, name):
         for _, res in dist_res:                 # all-reduced: every rank has the full gradient
             assert _rel(res[name][1][k], grad) < 1e-5, k
         assert float(grad.abs().max()) > 0, k
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cached_first_layer_equals_explicit_inputs(name):
+    graph = DistGraph.from_graph_data(small_graph())
+    torch.manual_seed(0)
+    m = build_model({"model": name, "hidden_dims": DIMS}, graph).double()
+    ts = [1, 2, 4]                                   # also a non-contiguous window
+    a = m.forward_sequence(ts)
+    b = m.forward_sequence(ts, graph.features(ts).double())
+    assert _rel(a, b) < 1e-10
 
 
 def test_gcn_matches_pyg_gcnconv():

@@ -66,6 +66,7 @@ class DistGraph:
                                  f"but the part lists {self.num_halo} halo nodes")
         self._adj: Dict[tuple, SnapshotAdj] = {}
         self._x_tm: Optional[Tensor] = None
+        self._ax: Dict[tuple, Tensor] = {}
 
     # -------------------------------------------------------------- basics
     @property
@@ -124,6 +125,28 @@ class DistGraph:
             self._x_tm = x.transpose(0, 1).contiguous()
         return self._x_tm[torch.as_tensor(list(ts), dtype=torch.long, device=self._x_tm.device)]
 
+    def propagated_features(self, ts: Sequence[int], kind: str = "gcn", use_weight: bool = True,
+                            dtype=torch.float32) -> Tensor:
+        """:math:`\\hat A_t x_t` of the owned nodes for snapshots ``ts``: ``[len(ts), n, F]``.
+
+        The node features are constant, so a first layer ``Â (x W)`` equals ``(Â x) W``:
+        models use this cache and skip the first layer's route and sparse product (as SGC
+        caches ``Â x``). Computed once for all snapshots in float64 on first use: a
+        collective (one route), which every rank reaches in the same model call.
+        """
+        key = (kind, bool(use_weight), dtype)
+        if key not in self._ax:
+            master = (kind, bool(use_weight), torch.float64)
+            if master not in self._ax:
+                with torch.no_grad():
+                    x = self.features(range(self.T)).double()
+                    ax = self.adjacency(kind, use_weight).propagate(self.route(x, node_dim=1),
+                                                                    range(self.T))
+                self._ax[master] = ax
+            self._ax[key] = self._ax[master].to(dtype)
+        ax = self._ax[key]
+        return ax[torch.as_tensor(list(ts), dtype=torch.long, device=ax.device)]
+
     def adjacency(self, kind: str = "gcn", use_weight: bool = True) -> SnapshotAdj:
         """The :class:`SnapshotAdj` of this part (built once per ``(kind, use_weight)``)."""
         key = (kind, bool(use_weight))
@@ -144,6 +167,7 @@ class DistGraph:
         self._edge = {k: v.to(device) for k, v in self._edge.items()}
         self._node = {k: v.to(device) for k, v in self._node.items()}
         self._x_tm = None
+        self._ax = {}
         self.route.to(device)
         self._adj = {k: a.to(device) for k, a in self._adj.items()}
         return self

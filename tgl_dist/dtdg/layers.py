@@ -52,10 +52,13 @@ class SnapshotGCNConv(nn.Module):
         if self.weight is not None:
             nn.init.xavier_uniform_(self.weight)
 
-    def forward(self, x: Tensor, graph, ts: Sequence[int], weight: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, graph, ts: Sequence[int], weight: Optional[Tensor] = None,
+                propagated: bool = False) -> Tensor:
+        """``propagated=True``: ``x`` is already :math:`\\hat A_t x_t` (constant inputs, see
+        ``DistGraph.propagated_features``), so only the product with the weight remains."""
         w = self.weight if weight is None else weight
         h = torch.matmul(x, w)                    # [Tw, n, F_out] (w: [F_in, F_out] or [Tw, ...])
-        out = propagate(graph, h, ts, "gcn", self.use_weight)
+        out = h if propagated else propagate(graph, h, ts, "gcn", self.use_weight)
         return out if self.bias is None else out + self.bias
 
 

@@ -45,6 +45,11 @@ class SnapshotModel(nn.Module):
         p = next(self.parameters(), None)
         return x if p is None or x.dtype == p.dtype else x.to(p.dtype)
 
+    def propagated(self, ts: Sequence[int], kind: str = "gcn") -> Tensor:
+        """Cached :math:`\\hat A_t x_t` of the graph's features, in the parameters' dtype."""
+        p = next(self.parameters())
+        return self.graph.propagated_features(ts, kind, self.use_weight, p.dtype)
+
     def window(self, ts: Sequence[int], x: Optional[Tensor] = None) -> Tensor:
         """``[Tw, n, F_out]`` (time-major); implemented by subclasses."""
         raise NotImplementedError
@@ -87,11 +92,12 @@ class GCN(SnapshotModel):
                                    for a, b in zip(dims[:-1], dims[1:]))
         self.act = ACTIVATIONS[activation]
         self.last_activation = last_activation
+        self.use_weight = use_weight
 
     def window(self, ts, x=None):
-        h = self.inputs(ts, x)
+        h = self.propagated(ts) if x is None else x
         for i, conv in enumerate(self.convs):
-            h = conv(h, self.graph, ts)
+            h = conv(h, self.graph, ts, propagated=(i == 0 and x is None))
             if i < len(self.convs) - 1 or self.last_activation:
                 h = self.act(h)
         return h
@@ -125,6 +131,7 @@ class EvolveGCNO(SnapshotModel):
                                    for a, b in zip(dims[:-1], dims[1:]))
         self.act = ACTIVATIONS[activation]
         self.last_activation = last_activation
+        self.use_weight = use_weight
 
     def evolve(self, layer: int, steps: int, h: Optional[Tensor] = None) -> Tensor:
         """The evolved weights of ``layer`` for ``steps`` snapshots: ``[steps, d_l, d_{l+1}]``."""
@@ -132,8 +139,13 @@ class EvolveGCNO(SnapshotModel):
 
     def window(self, ts, x=None):
         h = self.inputs(ts, x)
+        first = self.propagated(ts) if x is None else None      # Â x, cached: layer 0 is one bmm
         for i, conv in enumerate(self.convs):
-            h = conv(h, self.graph, ts, weight=self.evolve(i, len(ts), h))
+            w = self.evolve(i, len(ts), h)
+            if i == 0 and first is not None:
+                h = conv(first, self.graph, ts, weight=w, propagated=True)
+            else:
+                h = conv(h, self.graph, ts, weight=w)
             if i < len(self.convs) - 1 or self.last_activation:
                 h = self.act(h)
         return h
@@ -196,8 +208,9 @@ class TGCN(SnapshotModel):
         self.b_c = nn.Parameter(torch.zeros(d))
 
     def window(self, ts, x=None):
+        ax = (self.propagated(ts) @ self.wx if x is None                         # [Tw, n, 3d]
+              else propagate(self.graph, x @ self.wx, ts, "gcn", self.use_weight))
         x = self.inputs(ts, x)
-        ax = propagate(self.graph, x @ self.wx, ts, "gcn", self.use_weight)     # [Tw, n, 3d]
         d = self.d
         h = x.new_zeros(x.size(1), d)
         out = []
@@ -247,8 +260,14 @@ class GConvGRU(SnapshotModel):
         return out
 
     def window(self, ts, x=None):
-        x = self.inputs(ts, x)
-        cx = self._cheb(x, self.theta_x, ts) + self.bias                        # [Tw, n, 3d]
+        if x is None:                                    # cached L̂ x for the input part
+            x = self.inputs(ts, None)
+            cx = x @ self.theta_x[0]
+            if self.K == 2:
+                cx = cx + self.propagated(ts, "cheb") @ self.theta_x[1]
+            cx = cx + self.bias                                                 # [Tw, n, 3d]
+        else:
+            cx = self._cheb(x, self.theta_x, ts) + self.bias
         d = self.d
         h = x.new_zeros(x.size(1), d)
         out = []
