@@ -101,6 +101,29 @@ std::vector<torch::Tensor> sample_hop(torch::Tensor indptr, torch::Tensor ts, to
   });
   return {row, onb, oei, ots, odt};
 }
+
+// One whole block: sources = [destinations | sampled neighbours], written in place
+// (no concatenation passes): returns src_id [D+M], src_ts [D+M], edge_index [2, M], eid [M], dt [M].
+std::vector<torch::Tensor> sample_block(torch::Tensor indptr, torch::Tensor ts, torch::Tensor nbr,
+                                        torch::Tensor eid, torch::Tensor nodes, torch::Tensor qts,
+                                        int64_t k, bool uniform, int64_t salt) {
+  auto h = sample_hop(indptr, ts, nbr, eid, nodes, qts, k, uniform, salt);
+  const int64_t D = nodes.numel(), M = h[0].numel();
+  auto src_id = torch::empty({D + M}, nodes.options());
+  auto src_ts = torch::empty({D + M}, qts.options());
+  auto ei = torch::empty({2, M}, nodes.options());
+  int64_t* si = src_id.data_ptr<int64_t>();
+  double* st = src_ts.data_ptr<double>();
+  int64_t* e0 = ei.data_ptr<int64_t>();
+  int64_t* e1 = e0 + M;
+  std::memcpy(si, nodes.data_ptr<int64_t>(), D * 8);
+  std::memcpy(st, qts.data_ptr<double>(), D * 8);
+  std::memcpy(si + D, h[1].data_ptr<int64_t>(), M * 8);
+  std::memcpy(st + D, h[3].data_ptr<double>(), M * 8);
+  std::memcpy(e1, h[0].data_ptr<int64_t>(), M * 8);
+  for (int64_t j = 0; j < M; ++j) e0[j] = D + j;
+  return {src_id, src_ts, ei, h[2], h[4]};
+}
 """
 
 _lock = threading.Lock()
@@ -109,7 +132,7 @@ _tried = False
 
 
 def get_kernel() -> Optional[object]:
-    """The compiled module (with ``sample_hop``), or ``None`` if it cannot be built.
+    """The compiled module (``sample_hop``, ``sample_block``), or ``None`` if it cannot be built.
 
     Set ``TGL_DIST_NO_KERNEL=1`` to force the pure-torch path.
     """
@@ -122,7 +145,7 @@ def get_kernel() -> Optional[object]:
             try:
                 from torch.utils.cpp_extension import load_inline
                 _kernel = load_inline("tgl_dist_sampling_kernel", cpp_sources=[_SRC],
-                                      functions=["sample_hop"], extra_cflags=["-O3"], verbose=False)
+                                      functions=["sample_hop", "sample_block"], extra_cflags=["-O3"], verbose=False)
             except Exception as e:  # no compiler, no headers: fall back to torch
                 log.warning("compiled sampling kernel unavailable (%s: %s); using the torch path",
                             type(e).__name__, str(e).splitlines()[0] if str(e) else "")

@@ -254,6 +254,16 @@ class NeighborSampler:
             prev: Optional[Hop] = None
             prev_dst = 0
             for layer, k in enumerate(self.fanout):
+                if self._kernel is not None and self.graph.mode == "full":
+                    # the compiled kernel writes the whole block in place (no reuse: its
+                    # concatenations would cost more than re-sampling the prefix)
+                    src_id, src_ts, edge_index, eid, dt = self._kernel.sample_block(
+                        self.graph.indptr, self.graph.ts, self.graph.nbr, self.graph.eid,
+                        dst_id.contiguous(), dst_ts.contiguous(), k, self.policy == "uniform", salt)
+                    blocks.append(Block({"ID": src_id, "ts": src_ts}, {"ID": eid, "dt": dt}, edge_index,
+                                        dst_id.numel()))
+                    dst_id, dst_ts = src_id, src_ts
+                    continue
                 if prev is not None and k == self.fanout[layer - 1]:
                     # the first prev_dst destinations were sampled with the same k last hop
                     new = self._hop(dst_id[prev_dst:], dst_ts[prev_dst:], k, salt, group)
