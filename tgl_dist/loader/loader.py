@@ -303,8 +303,8 @@ class DistributedDataLoader:
         return step
 
     def _produce(self, wins: List[Window], epoch: int, q: "queue.Queue", stop: threading.Event) -> None:
-        if self.sampler is not None and self.sampler.workers:
-            torch.set_num_threads(self.sampler.workers)
+        # torch's intra-op thread count is process-wide: the sampler's ``workers`` is not
+        # applied here (it would change the training thread's setting too)
         try:
             for w in wins:
                 if stop.is_set() and self.world_size == 1:
