@@ -184,6 +184,7 @@ class DistributedDataLoader:
         return wins
 
     def __len__(self) -> int:
+        """Steps per epoch (same on every rank); chunk scheduling may add one short first step."""
         return len(self.schedule.windows(self.schedule.boundaries(self.window, 0, self.drop_last)))
 
     # ------------------------------------------------------------------ steps
