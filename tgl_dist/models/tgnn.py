@@ -107,6 +107,10 @@ class TemporalLinkModel(nn.Module):
         mem, rows = None, None
         if self.memory_updater is not None:
             sd = b0.srcdata
+            if not len(self.gnn_layers) and b0.num_src > R:
+                # no GNN: only the roots' s^ is used (APAN's neighbours only receive mails)
+                sd = {k: sd[k][:R] for k in ("ID", "ts", "mem", "mem_ts", "mail", "mail_ts")}
+                x = None if x is None else x[:R]
             # s^ depends only on (node, query time): compute it once per distinct pair
             uq = unique_node_time(sd["ID"], sd["ts"])
             if uq is not None:
