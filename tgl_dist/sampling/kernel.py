@@ -32,21 +32,13 @@ static inline uint64_t mix64(uint64_t x) {
 }
 static const uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL;
 
-std::vector<torch::Tensor> sample_hop(torch::Tensor indptr, torch::Tensor ts, torch::Tensor nbr,
-                                      torch::Tensor eid, torch::Tensor nodes, torch::Tensor qts,
-                                      int64_t k, bool uniform, int64_t salt) {
-  const int64_t R = nodes.numel();
-  const int64_t* ip = indptr.data_ptr<int64_t>();
-  const double* t = ts.data_ptr<double>();
-  const int64_t* nb = nbr.data_ptr<int64_t>();
-  const int64_t* ei = eid.data_ptr<int64_t>();
-  const int64_t* nd = nodes.data_ptr<int64_t>();
-  const double* q = qts.data_ptr<double>();
-  auto first = torch::empty({R}, nodes.options());
-  auto avail = torch::empty({R}, nodes.options());
-  auto cnt = torch::empty({R + 1}, nodes.options());
-  int64_t* fp = first.data_ptr<int64_t>();
-  int64_t* ap = avail.data_ptr<int64_t>();
+// Output pointers; item m of the hop goes to index m (row, eid, dt, e0) or base + m (nbr, ts).
+struct Out { int64_t* row; int64_t* nbr; int64_t* eid; double* ts; float* dt; int64_t* e0; int64_t base; };
+
+// Pass 1: per root, events strictly before its query time; returns the exclusive prefix sum.
+static torch::Tensor count(const int64_t* ip, const double* t, const int64_t* nd, const double* q,
+                           int64_t R, int64_t k, bool uniform, int64_t* fp, int64_t* ap) {
+  auto cnt = torch::empty({R + 1}, torch::kLong);
   int64_t* cp = cnt.data_ptr<int64_t>();
   at::parallel_for(0, R, 2048, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
@@ -58,22 +50,19 @@ std::vector<torch::Tensor> sample_hop(torch::Tensor indptr, torch::Tensor ts, to
   });
   cp[0] = 0;
   for (int64_t r = 0; r < R; ++r) cp[r + 1] += cp[r];
-  const int64_t M = cp[R];
-  auto row = torch::empty({M}, nodes.options());
-  auto onb = torch::empty({M}, nodes.options());
-  auto oei = torch::empty({M}, nodes.options());
-  auto ots = torch::empty({M}, ts.options());
-  auto odt = torch::empty({M}, ts.options().dtype(torch::kFloat32));
-  float* od = odt.data_ptr<float>();
-  int64_t* rp = row.data_ptr<int64_t>();
-  int64_t* op = onb.data_ptr<int64_t>();
-  int64_t* oe = oei.data_ptr<int64_t>();
-  double* ot = ots.data_ptr<double>();
+  return cnt;
+}
+
+// Pass 2: write the sampled events (recent: a contiguous range; uniform: Floyd's algorithm).
+static void fill(const double* t, const int64_t* nb, const int64_t* ei, const int64_t* nd,
+                 const double* q, int64_t R, int64_t k, bool uniform, int64_t salt,
+                 const int64_t* fp, const int64_t* ap, const int64_t* cp, Out out) {
   at::parallel_for(0, R, 1024, [&](int64_t b, int64_t e) {
     std::vector<int64_t> pick(k);
     for (int64_t r = b; r < e; ++r) {
       const int64_t o = cp[r], c = cp[r + 1] - o, a = ap[r], f = fp[r];
-      if (uniform && a > k) {
+      const bool draw = uniform && a > k;
+      if (draw) {
         uint64_t tb; std::memcpy(&tb, &q[r], 8);
         uint64_t h = mix64((uint64_t)salt + GOLDEN);
         h = mix64((h ^ (uint64_t)nd[r]) + GOLDEN);
@@ -85,44 +74,61 @@ std::vector<torch::Tensor> sample_hop(torch::Tensor indptr, torch::Tensor ts, to
           pick[j] = v;
         }
         std::sort(pick.begin(), pick.end());
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t src = f + pick[j];
-          rp[o + j] = r; op[o + j] = nb[src]; oe[o + j] = ei[src]; ot[o + j] = t[src];
-          od[o + j] = (float)(q[r] - t[src]);
-        }
-      } else {
-        for (int64_t j = 0; j < c; ++j) {
-          const int64_t src = f + j;
-          rp[o + j] = r; op[o + j] = nb[src]; oe[o + j] = ei[src]; ot[o + j] = t[src];
-          od[o + j] = (float)(q[r] - t[src]);
-        }
+      }
+      for (int64_t j = 0; j < c; ++j) {
+        const int64_t src = f + (draw ? pick[j] : j), m = o + j;
+        out.row[m] = r; out.nbr[out.base + m] = nb[src]; out.eid[m] = ei[src];
+        out.ts[out.base + m] = t[src]; out.dt[m] = (float)(q[r] - t[src]);
+        if (out.e0) out.e0[m] = out.base + m;
       }
     }
   });
+}
+
+// One hop, flat: (row, nbr, eid, ts, dt) [M] each.
+std::vector<torch::Tensor> sample_hop(torch::Tensor indptr, torch::Tensor ts, torch::Tensor nbr,
+                                      torch::Tensor eid, torch::Tensor nodes, torch::Tensor qts,
+                                      int64_t k, bool uniform, int64_t salt) {
+  const int64_t R = nodes.numel();
+  const int64_t* nd = nodes.data_ptr<int64_t>();
+  const double* q = qts.data_ptr<double>();
+  auto first = torch::empty({R}, torch::kLong), avail = torch::empty({R}, torch::kLong);
+  auto cnt = count(indptr.data_ptr<int64_t>(), ts.data_ptr<double>(), nd, q, R, k, uniform,
+                   first.data_ptr<int64_t>(), avail.data_ptr<int64_t>());
+  const int64_t M = cnt.data_ptr<int64_t>()[R];
+  auto row = torch::empty({M}, torch::kLong), onb = torch::empty({M}, torch::kLong);
+  auto oei = torch::empty({M}, torch::kLong), ots = torch::empty({M}, torch::kDouble);
+  auto odt = torch::empty({M}, torch::kFloat);
+  Out out{row.data_ptr<int64_t>(), onb.data_ptr<int64_t>(), oei.data_ptr<int64_t>(),
+          ots.data_ptr<double>(), odt.data_ptr<float>(), nullptr, 0};
+  fill(ts.data_ptr<double>(), nbr.data_ptr<int64_t>(), eid.data_ptr<int64_t>(), nd, q, R, k, uniform,
+       salt, first.data_ptr<int64_t>(), avail.data_ptr<int64_t>(), cnt.data_ptr<int64_t>(), out);
   return {row, onb, oei, ots, odt};
 }
 
-// One whole block: sources = [destinations | sampled neighbours], written in place
-// (no concatenation passes): returns src_id [D+M], src_ts [D+M], edge_index [2, M], eid [M], dt [M].
+// One whole block written in place: src_id [D+M] and src_ts [D+M] (destinations first),
+// edge_index [2, M], eid [M], dt [M].
 std::vector<torch::Tensor> sample_block(torch::Tensor indptr, torch::Tensor ts, torch::Tensor nbr,
                                         torch::Tensor eid, torch::Tensor nodes, torch::Tensor qts,
                                         int64_t k, bool uniform, int64_t salt) {
-  auto h = sample_hop(indptr, ts, nbr, eid, nodes, qts, k, uniform, salt);
-  const int64_t D = nodes.numel(), M = h[0].numel();
-  auto src_id = torch::empty({D + M}, nodes.options());
-  auto src_ts = torch::empty({D + M}, qts.options());
-  auto ei = torch::empty({2, M}, nodes.options());
-  int64_t* si = src_id.data_ptr<int64_t>();
-  double* st = src_ts.data_ptr<double>();
+  const int64_t D = nodes.numel();
+  const int64_t* nd = nodes.data_ptr<int64_t>();
+  const double* q = qts.data_ptr<double>();
+  auto first = torch::empty({D}, torch::kLong), avail = torch::empty({D}, torch::kLong);
+  auto cnt = count(indptr.data_ptr<int64_t>(), ts.data_ptr<double>(), nd, q, D, k, uniform,
+                   first.data_ptr<int64_t>(), avail.data_ptr<int64_t>());
+  const int64_t M = cnt.data_ptr<int64_t>()[D];
+  auto src_id = torch::empty({D + M}, torch::kLong), src_ts = torch::empty({D + M}, torch::kDouble);
+  auto ei = torch::empty({2, M}, torch::kLong), oei = torch::empty({M}, torch::kLong);
+  auto odt = torch::empty({M}, torch::kFloat);
+  std::memcpy(src_id.data_ptr<int64_t>(), nd, D * 8);
+  std::memcpy(src_ts.data_ptr<double>(), q, D * 8);
   int64_t* e0 = ei.data_ptr<int64_t>();
-  int64_t* e1 = e0 + M;
-  std::memcpy(si, nodes.data_ptr<int64_t>(), D * 8);
-  std::memcpy(st, qts.data_ptr<double>(), D * 8);
-  std::memcpy(si + D, h[1].data_ptr<int64_t>(), M * 8);
-  std::memcpy(st + D, h[3].data_ptr<double>(), M * 8);
-  std::memcpy(e1, h[0].data_ptr<int64_t>(), M * 8);
-  for (int64_t j = 0; j < M; ++j) e0[j] = D + j;
-  return {src_id, src_ts, ei, h[2], h[4]};
+  Out out{e0 + M, src_id.data_ptr<int64_t>(), oei.data_ptr<int64_t>(), src_ts.data_ptr<double>(),
+          odt.data_ptr<float>(), e0, D};
+  fill(ts.data_ptr<double>(), nbr.data_ptr<int64_t>(), eid.data_ptr<int64_t>(), nd, q, D, k, uniform,
+       salt, first.data_ptr<int64_t>(), avail.data_ptr<int64_t>(), cnt.data_ptr<int64_t>(), out);
+  return {src_id, src_ts, ei, oei, odt};
 }
 """
 
