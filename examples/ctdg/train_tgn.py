@@ -209,8 +209,9 @@ def main(argv=None) -> dict:
                "metrics_csv": str(csv_path)}
     if writer is not None:
         fh.close()
-        print(json.dumps({k: (round(v, 5) if isinstance(v, float) else v) for k, v in summary.items()}),
-              flush=True)
+        clean = {k: (None if isinstance(v, float) and v != v else  # NaN -> null (strict JSON)
+                     round(v, 5) if isinstance(v, float) else v) for k, v in summary.items()}
+        print(json.dumps(clean), flush=True)
     for ld in loaders.values():
         ld._join() if hasattr(ld, "_join") else None
     ctx.shutdown()
