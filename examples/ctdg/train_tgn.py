@@ -46,7 +46,8 @@ from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  #
 from tgl_dist.loader import DistributedDataLoader  # noqa: E402
 from tgl_dist.memory import SharedMailBox  # noqa: E402
 from tgl_dist.metrics import EarlyStopMonitor, LinkPredMetrics  # noqa: E402
-from tgl_dist.models import broadcast_parameters, build_model, load_config, run_epoch  # noqa: E402
+from tgl_dist.models import (broadcast_parameters, build_model, build_optimizer,  # noqa: E402
+                             load_config, run_epoch)
 from tgl_dist.partition import partition_graph, partition_load  # noqa: E402
 from tgl_dist.sampling import NegativeSampling, NeighborSampler  # noqa: E402
 
@@ -146,9 +147,10 @@ def main(argv=None) -> dict:
                                      batch_size=per_rank, train=split == "train", mailbox=mailbox,
                                      seed=args.seed, queue_size=queue_size)
         for split in ("train", "val", "test")}
-    model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim)
+    model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim,
+                        num_nodes=graph.num_nodes, partition_book=pdata.book)
     broadcast_parameters(model)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
+    opt = build_optimizer(model, lr=cfg.train.lr)
     stopper = EarlyStopMonitor(patience=args.patience)
     csv_path = Path(args.metrics_csv or folder / f"metrics_{cfg.name}_{ctx.world_size}.csv")
     fields = ["epoch", "train_loss", "train_ap", "train_events_per_s", "val_ap", "val_auc",

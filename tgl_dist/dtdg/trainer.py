@@ -17,6 +17,7 @@ from torch import nn
 
 from tgl_dist.dist import all_reduce_, broadcast_object
 from tgl_dist.metrics import EarlyStopMonitor
+from tgl_dist.models.optim import build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class Trainer:
         sync_parameters(model, self.group)
         sync_parameters(task, self.group)
         self.params = [p for m in (model, task) for p in m.parameters()]
-        self.opt = torch.optim.Adam(self.params, lr=lr, weight_decay=weight_decay, foreach=True)
+        self.opt = build_optimizer([model, task], lr=lr, weight_decay=weight_decay)
         self.hooks: List[EpochHook] = list(on_epoch_end or [])
         self.progress = progress
         self.history: List[Dict] = []

@@ -19,7 +19,8 @@ def embedding_dim(cfg: ModelConfig) -> int:
 
 
 def build_model(cfg: ModelConfig, dim_node_feat: int = 0, dim_edge_feat: int = 0,
-                node_embedding: Optional[nn.Module] = None) -> TemporalLinkModel:
+                node_embedding: Optional[nn.Module] = None, *, num_nodes: int = 0,
+                partition_book=None) -> TemporalLinkModel:
     """Build the model a config describes.
 
     Args:
@@ -27,6 +28,8 @@ def build_model(cfg: ModelConfig, dim_node_feat: int = 0, dim_edge_feat: int = 0
         dim_node_feat: F, size of the node features (0 = none; or of ``node_embedding``).
         dim_edge_feat: d_e, size of the event features (0 = none).
         node_embedding: optional learnable node input (ids -> ``[S, F]``).
+        num_nodes, partition_book: the graph's node count and partition book (used by
+            options that create sharded per-node tables).
     """
     mem, gnn, tr = cfg.memory, cfg.gnn, cfg.train
     updater = None

@@ -1,0 +1,101 @@
+"""``build_optimizer``: one optimizer object for a model's dense parameters and its sharded tables.
+
+Dense parameters (updaters, attention, predictor, snapshot GNN weights) are replicated on
+every rank and trained data-parallel with ``torch.optim.Adam``. Sharded tables
+(:class:`tgl_dist.nn.DistEmbedding`, each rank holding its own rows) are trained with a
+sparse optimizer from :mod:`tgl_dist.optim` that touches only the rows a step used.
+:class:`TrainOptimizer` drives both with the usual ``zero_grad()`` / ``step()`` calls, so
+training loops do not need to know whether a model has sharded parts.
+
+Checkpoints: ``state_dict()`` returns ``{'dense': ..., 'sparse': ...}``; ``'dense'`` is the
+same on every rank (save it from one), ``'sparse'`` holds this rank's rows only (save it
+per rank).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from tgl_dist.nn.dist_embedding import DistEmbedding
+
+
+def sharded_modules(modules: Union[nn.Module, Sequence[nn.Module]]) -> List[DistEmbedding]:
+    """The :class:`DistEmbedding` tables inside ``modules``, in a rank-independent order."""
+    mods = [modules] if isinstance(modules, nn.Module) else list(modules)
+    found = [m for mod in mods for m in mod.modules() if isinstance(m, DistEmbedding)]
+    return sorted({id(m): m for m in found}.values(), key=lambda m: m.name)
+
+
+class TrainOptimizer:
+    """Adam for dense parameters + a sparse optimizer for sharded tables, stepped together.
+
+    Args:
+        dense: optimizer over the dense parameters (``None`` when there are none).
+        sparse: :class:`tgl_dist.optim.SparseOptimizer` over the sharded tables, or ``None``.
+
+    ``step()`` is a collective when ``sparse`` is set (gradient rows travel to their
+    owners): every rank calls it at every step.
+    """
+
+    def __init__(self, dense: Optional[torch.optim.Optimizer], sparse=None) -> None:
+        if dense is None and sparse is None:
+            raise ValueError("TrainOptimizer needs dense parameters or sharded tables")
+        self.dense, self.sparse = dense, sparse
+
+    @property
+    def param_groups(self):
+        """The dense optimizer's parameter groups (e.g. to change the learning rate)."""
+        return self.dense.param_groups if self.dense is not None else []
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.dense is not None:
+            self.dense.zero_grad(set_to_none=set_to_none)
+        if self.sparse is not None:
+            self.sparse.zero_grad()
+
+    def step(self) -> None:
+        if self.dense is not None:
+            self.dense.step()
+        if self.sparse is not None:
+            self.sparse.step()
+
+    def state_dict(self) -> dict:
+        """``{'dense': same on all ranks, 'sparse': this rank's rows only}``."""
+        return {"dense": None if self.dense is None else self.dense.state_dict(),
+                "sparse": None if self.sparse is None else self.sparse.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for part in ("dense", "sparse"):
+            mine, saved = getattr(self, part), state.get(part)
+            if (mine is None) != (saved is None):
+                raise ValueError(f"optimizer state has {'no ' if saved is None else ''}{part} "
+                                 f"part but this model has {'none' if mine is None else 'one'}")
+            if mine is not None:
+                mine.load_state_dict(saved)
+
+
+def build_optimizer(modules: Union[nn.Module, Sequence[nn.Module]], lr: float,
+                    weight_decay: float = 0.0, sparse_lr: Optional[float] = None) -> TrainOptimizer:
+    """Adam over the dense parameters of ``modules``; sparse Adam over their sharded tables.
+
+    Args:
+        modules: the model (or model and task head).
+        lr: dense learning rate. ``sparse_lr``: the tables' (default: ``lr``).
+        weight_decay: dense Adam weight decay.
+    """
+    mods = [modules] if isinstance(modules, nn.Module) else list(modules)
+    seen, params = set(), []
+    for m in mods:
+        for p in m.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    dense = torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=True) if params else None
+    tables = sharded_modules(mods)
+    sparse = None
+    if tables:
+        from tgl_dist.optim import SparseAdam
+        sparse = SparseAdam(tables, lr=sparse_lr if sparse_lr is not None else lr)
+    return TrainOptimizer(dense, sparse)
