@@ -35,6 +35,18 @@ from tgl_dist.data.temporal import TemporalGraph
 log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = Path.home() / ".cache" / "tgl_dist" / "datasets"
+ROOT_ENV = "TGL_DIST_DATASETS"
+
+
+def default_root() -> Path:
+    """Where named datasets are looked up (and downloaded to) when no ``root`` is given.
+
+    ``$TGL_DIST_DATASETS`` when set, else ``~/.cache/tgl_dist/datasets``. Every command
+    line of the project (``python -m tgl_dist.partition``, the examples, the benchmarks)
+    uses this same default for its ``--root``.
+    """
+    env = os.environ.get(ROOT_ENV)
+    return Path(env).expanduser() if env else DEFAULT_ROOT
 DOWNLOAD_TIMEOUT_S = 10.0
 
 
@@ -121,7 +133,8 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
             (``wikipedia``, ``uci``, ``bitcoin-alpha``, ``collegemsg``, ``facebook-wall``, ...;
             ``-`` and ``_`` are interchangeable, see :func:`known_datasets`), or
             ``synthetic``.
-        root: folder of the datasets for known names (default ``~/.cache/tgl_dist/datasets``).
+        root: folder of the datasets for known names (default :func:`default_root`:
+            ``$TGL_DIST_DATASETS``, else ``~/.cache/tgl_dist/datasets``).
         format: ``jodie``, ``dyglib``, ``snap``, ``snap-signed``, ``konect`` or ``pyg``.
         download: fetch a missing known dataset from its public URL into ``root``.
         **kw: passed to the loader, or to :func:`generate_synthetic` (``num_nodes``,
@@ -148,7 +161,7 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
         return _load_dir(path, format, kw)
     if key in KNOWN:
         spec = KNOWN[key]
-        base = Path(root).expanduser() if root is not None else DEFAULT_ROOT
+        base = Path(root).expanduser() if root is not None else default_root()
         found = _find(spec, base)
         if found is None:
             found = _fetch(spec, base, download)

@@ -32,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default=None,
                    help="file format of a path (jodie, dyglib, snap, snap-signed, konect, pyg); "
                         "default: inferred")
-    p.add_argument("--root", default=os.environ.get("TGL_DIST_DATASETS", "./data"),
-                   help="folder with the named datasets (default: $TGL_DIST_DATASETS or ./data)")
+    p.add_argument("--root", default=None,
+                   help="folder with the named datasets (default: $TGL_DIST_DATASETS, else "
+                        "~/.cache/tgl_dist/datasets)")
     p.add_argument("--num-parts", type=int, required=True, help="number of parts P (= world size)")
     p.add_argument("--algo", default="metis_for_tgnn",
                    help=f"partitioning algorithm: {', '.join(available_partitioners())} "
