@@ -143,6 +143,28 @@ class TrainConfig:
     reorder: int = _f(0, _nonneg_int, "TGL random chunk scheduling (not implemented; must be 0)")
 
 
+def _opt_pos_num(v):
+    if v is not None:
+        return _pos_num(v)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeEmbeddingConfig:
+    """``node_embedding``: a learnable per-node input, sharded over ranks (absent or ``dim: 0`` = off).
+
+    Example: ``node_embedding: {dim: 100, lr: 0.001, optimizer: adam}``. The table is a
+    :class:`tgl_dist.nn.DistEmbedding` trained by a sparse optimizer
+    (:func:`tgl_dist.models.build_optimizer`); see ``docs/embeddings.md``.
+    """
+    dim: int = _f(0, _nonneg_int, "embedding size D (0 = no embedding)")
+    lr: Optional[float] = _f(None, _opt_pos_num, "sparse optimizer learning rate (null: train.lr)")
+    optimizer: str = _f("adam", _choice("adam", "adagrad"), "sparse optimizer of the table")
+
+    @property
+    def enabled(self) -> bool:
+        return self.dim > 0
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """The whole config; ``name`` is the file stem (``TGN``)."""
@@ -150,6 +172,7 @@ class ModelConfig:
     memory: MemoryConfig
     gnn: GNNConfig
     train: TrainConfig
+    node_embedding: NodeEmbeddingConfig = field(default_factory=NodeEmbeddingConfig)
     name: str = "model"
 
     @property
@@ -167,7 +190,7 @@ class ModelConfig:
 
 
 _SECTIONS = {"sampling": SamplingConfig, "memory": MemoryConfig, "gnn": GNNConfig,
-             "train": TrainConfig}
+             "train": TrainConfig, "node_embedding": NodeEmbeddingConfig}
 
 
 def _section(cls, raw: Any, name: str, source: Optional[str]):
