@@ -168,9 +168,26 @@ class DistributedDataLoader:
         return ns.bind(split, self.train, stream, pool, t_obs)
 
     # ----------------------------------------------------------------- epochs
-    def set_epoch(self, epoch: int) -> None:
-        """The next iteration runs epoch ``epoch`` (default: one more than the last)."""
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """The next iteration runs epoch ``epoch`` (default: one more than the last).
+
+        Args:
+            epoch: the epoch the next ``iter(loader)`` runs.
+            start_step: resume inside the epoch: the next iteration skips its first
+                ``start_step`` steps WITHOUT building them (negatives and uniform draws
+                are counter-based on ``(seed, epoch, event)``, so steps ``start_step..``
+                are the same as in an uninterrupted epoch). Applies to that one
+                iteration only.
+        """
+        if start_step < 0:
+            raise ValueError(f"start_step must be >= 0, got {start_step}")
         self.epoch = int(epoch) - 1
+        self._start_step = int(start_step)
+
+    @property
+    def position(self) -> Tuple[int, int]:
+        """``(epoch, start_step)`` the next iteration will run (see :meth:`set_epoch`)."""
+        return self.epoch + 1, getattr(self, "_start_step", 0)
 
     def _plan(self, epoch: int) -> List[Window]:
         offset = 0
@@ -269,7 +286,8 @@ class DistributedDataLoader:
         self._join()
         self.epoch += 1
         epoch = self.epoch
-        wins = self._plan(epoch)
+        start, self._start_step = getattr(self, "_start_step", 0), 0
+        wins = self._plan(epoch)[start:]
         if self.queue_size <= 0:
             for w in wins:
                 yield self._hand_out(self._make(w, epoch))

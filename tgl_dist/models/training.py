@@ -8,7 +8,7 @@ averaged per batch.
 from __future__ import annotations
 
 import time
-from typing import Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,8 @@ def link_loss(pos, neg):
 def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
               optimizer: Optional[torch.optim.Optimizer] = None,
               metrics: Optional[LinkPredMetrics] = None, group=None,
-              progress=None) -> Dict[str, float]:
+              progress=None, on_step: Optional[Callable[[Dict[str, float]], None]] = None,
+              resume: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """Train (``optimizer`` given) or evaluate (no gradient) over every step of ``loader``.
 
     Each step: forward -> (loss, backward, gradient all-reduce, optimizer step) ->
@@ -43,6 +44,12 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         metrics: collects ``pos [B]``, first negatives ``[B]`` and all ``k`` negatives.
         group: process group for the gradient and event-count all-reduces.
         progress: optional tqdm-like object with ``update(n)`` (rank 0).
+        on_step: called on every rank after every step (after the mailbox update) with
+            this rank's accumulators so far, ``{'steps': steps done in this epoch, 'total':
+            loss sum, 'events', 'ap_sum'}`` (e.g. to write a step checkpoint; it may run
+            collectives, every rank calls it at the same step).
+        resume: accumulators an ``on_step`` call saved, to continue a partial epoch (the
+            loader must start at step ``resume['steps']``, see ``loader.set_epoch``).
     Returns:
         ``{'loss': mean loss over steps, 'events': events over all ranks, 'seconds',
         'events_per_s', 'events_per_cpu_s'}`` (CPU seconds of all ranks' processes: robust
@@ -52,6 +59,9 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
     train = optimizer is not None
     model.train(train)
     total, steps, events, ap_sum = 0.0, 0, 0, 0.0
+    if resume is not None:
+        total, steps = float(resume["total"]), int(resume["steps"])
+        events, ap_sum = int(resume["events"]), float(resume["ap_sum"])
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.set_grad_enabled(train):
         for roots, mfgs, meta, _ in loader:
@@ -79,6 +89,8 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
                                mfgs[-1])
             if progress is not None:
                 progress.update(1)
+            if on_step is not None:
+                on_step({"steps": steps, "total": total, "events": events, "ap_sum": ap_sum})
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - c0  # all threads of this process (loader thread included)
     cnt = torch.tensor([float(events), total, float(steps), ap_sum, cpu], dtype=torch.float64)
