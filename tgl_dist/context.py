@@ -18,6 +18,22 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 
+def _restart_store(world_size: int, timeout: datetime.timedelta):
+    """After a ``torchrun --max-restarts`` restart: the agent's store, under a prefix per attempt.
+
+    torchrun's agent keeps one key-value store across restarts, and the process groups
+    of a restarted attempt would find the dead attempt's addresses in it (gloo then
+    fails with "connection refused"); a prefix per attempt keeps the attempts apart.
+    ``None`` (the usual ``env://`` store) on a first attempt or without torchrun.
+    """
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                         is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"tgl_dist/attempt_{restart}", base)
+
+
 class DistributedContext:
     """The calling process's place in the distributed job.
 
@@ -70,7 +86,9 @@ class DistributedContext:
             torch.cuda.set_device(device)
         td = datetime.timedelta(seconds=timeout)
         if world_size > 1 and not dist.is_initialized():
-            dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=td)
+            store = _restart_store(world_size, td)
+            dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=td,
+                                    store=store)
         elif dist.is_initialized():
             rank, world_size = dist.get_rank(), dist.get_world_size()
         ctx = cls(rank, world_size, local_rank, device,

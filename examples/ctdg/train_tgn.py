@@ -18,6 +18,16 @@ How this differs from the TGN paper and from TGL's ``train.py``:
   reset at every epoch start. The reported test figures are those of the epoch with
   the best validation AP (early stopping on it, ``--patience``).
 
+Checkpoints and recovery (docs/checkpoint.md): ``--checkpoint-dir DIR`` writes versioned,
+crash-safe checkpoints every ``--checkpoint-every`` (``500``: every 500 training steps;
+``1e``: every epoch; one is always written after the last epoch); ``--resume`` continues
+the committed run up to ``--epochs`` in total and ends exactly as a run that never
+stopped. A dead rank makes the others stop within ``--timeout`` seconds with an error
+naming the epoch, split and step. With torchrun::
+
+    torchrun --nproc_per_node=2 --max-restarts=3 examples/ctdg/train_tgn.py \
+        --checkpoint-dir runs/ck --checkpoint-every 500 --resume
+
 Prints tqdm progress on rank 0, writes a metrics CSV per epoch, and ends with ONE line
 of JSON on rank 0.
 """
@@ -28,11 +38,13 @@ import csv
 import json
 import logging
 import os
+import random
 import resource
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,8 +52,10 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist import DistributedContext  # noqa: E402
+from tgl_dist.checkpoint import (Every, RunCheckpoint, capture, config_dict,  # noqa: E402
+                                 partition_identity, restore)
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
-from tgl_dist.errors import TGLDistError  # noqa: E402
+from tgl_dist.errors import PeerFailureError, TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
 from tgl_dist.loader import DistributedDataLoader  # noqa: E402
 from tgl_dist.memory import SharedMailBox  # noqa: E402
@@ -59,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", default="synthetic", help="dataset name or file path")
     p.add_argument("--format", default=None, help="file format of a path (default: inferred)")
-    p.add_argument("--root", default=os.environ.get("TGL_DIST_DATASETS", str(REPO.parent / "shared" / "datasets")),
-                   help="folder of the named datasets")
+    p.add_argument("--root", default=None, help="folder of the named datasets (default: "
+                   "$TGL_DIST_DATASETS, else ~/.cache/tgl_dist/datasets)")
     p.add_argument("--config", default=str(REPO / "configs" / "TGN.yml"), help="TGL-style YAML config")
     p.add_argument("--parts", default="parts", help="partition root (OUT of python -m tgl_dist.partition)")
     p.add_argument("--partition-algo", default="metis_for_tgnn", help="partitioner used on first use")
@@ -83,6 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-nodes", type=int, default=None, help="synthetic: nodes")
     p.add_argument("--num-events", type=int, default=None, help="synthetic: events")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a collective waits for a peer; a dead or stuck rank makes the "
+                        "others fail with PeerFailureError after at most this long")
+    p.add_argument("--checkpoint-dir", default=None, help="write versioned checkpoints here")
+    p.add_argument("--checkpoint-every", default="1e",
+                   help="N (or Ns): every N training steps, counted over the run; Ne: every N "
+                        "epochs. One is always written after the last epoch")
+    p.add_argument("--checkpoint-keep-every", type=int, default=0,
+                   help="keep every N-th checkpoint version as a snapshot (0: only the latest)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run committed in --checkpoint-dir up to --epochs in total "
+                        "(starts from scratch when nothing is committed yet)")
     return p
 
 
@@ -111,11 +137,20 @@ def ensure_partition(args, ctx) -> Path:
 
 
 def main(argv=None) -> dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        every = Every.parse(args.checkpoint_every)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.resume and not args.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    ctx = DistributedContext.init()
+    ctx = DistributedContext.init(timeout=args.timeout)
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // ctx.world_size))
     torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
     cfg = load_config(args.config)
     over = {k: v for k, v in (("epoch", args.epochs), ("batch_size", args.batch_size),
                               ("lr", args.lr)) if v is not None}
@@ -145,63 +180,119 @@ def main(argv=None) -> dict:
         split: DistributedDataLoader(graph, split, sampler=sampler,
                                      neg_sampler=train_neg if split == "train" else eval_neg,
                                      batch_size=per_rank, train=split == "train", mailbox=mailbox,
-                                     seed=args.seed, queue_size=queue_size)
+                                     seed=args.seed, queue_size=queue_size,
+                                     group=ctx.new_group())  # with --timeout
         for split in ("train", "val", "test")}
     model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim,
                         num_nodes=graph.num_nodes, partition_book=pdata.book)
     broadcast_parameters(model)
     opt = build_optimizer(model, lr=cfg.train.lr)
     stopper = EarlyStopMonitor(patience=args.patience)
+    ck = RunCheckpoint(args.checkpoint_dir, every, keep_every=args.checkpoint_keep_every,
+                       resume=args.resume,
+                       run_meta={"partition": partition_identity(pdata.manifest),
+                                 "config": config_dict(cfg, drop=[("train", "epoch")]),
+                                 "seed": args.seed, "eval_neg": args.eval_neg,
+                                 "sampling_mode": args.sampling_mode})
+    history, best, speeds, cpu_speeds = [], None, [], []
+    start_epoch, start_step, global_step, partial, done = 0, 0, 0, None, False
+    saved = ck.load() if ck.enabled else None
+    if saved is not None:  # continue the committed run (RNG states restored last)
+        dense, shard, meta = saved
+        loop, partial = restore(dense, shard, model, opt, mailbox)
+        history, best = loop["history"], loop["best"]
+        speeds, cpu_speeds = loop["speeds"], loop["cpu_speeds"]
+        stopper.load_state_dict(loop["stopper"])
+        start_epoch, start_step = int(meta["epoch"]), int(meta["step"])
+        global_step, done = int(meta["global_step"]), bool(meta["done"])
+
+    def save_checkpoint(epoch, step, acc=None, metrics=None, finished=False):
+        loop = {"history": history, "best": best, "stopper": stopper.state_dict(),
+                "speeds": speeds, "cpu_speeds": cpu_speeds, "args": vars(args)}
+        part = None if acc is None else {"acc": dict(acc), "metrics": metrics.state_dict()}
+        d, sh = capture(model, opt, mailbox, ctx.rank, loop, part)
+        ck.save(d, sh, {"epoch": epoch, "step": step, "global_step": global_step,
+                        "done": finished})
+
     csv_path = Path(args.metrics_csv or folder / f"metrics_{cfg.name}_{ctx.world_size}.csv")
     fields = ["epoch", "train_loss", "train_ap", "train_events_per_s", "val_ap", "val_auc",
               "val_mrr", "test_ap", "test_auc", "test_mrr", "val_ap_batch_mean",
               "test_ap_batch_mean", "epoch_s"]
     writer = None
+
+    def csv_row(row):
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
     if ctx.rank == 0:
         csv_path.parent.mkdir(parents=True, exist_ok=True)
         fh = open(csv_path, "w", newline="")
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
+        for row in history:  # a resumed run rewrites the epochs it restored
+            writer.writerow(csv_row(row))
+        fh.flush()
     bar = None
     if ctx.rank == 0 and not args.no_progress:
         from tqdm import tqdm
-    best, speeds, cpu_speeds, epochs_run = None, [], [], 0
-    for epoch in range(cfg.train.epoch):
-        t_ep = time.perf_counter()
-        if mailbox is not None:
-            mailbox.reset()
-        row = {"epoch": epoch}
-        for split in ("train", "val", "test"):
-            m = LinkPredMetrics()
-            if ctx.rank == 0 and not args.no_progress:
-                bar = tqdm(total=len(loaders[split]), desc=f"epoch {epoch} {split}", leave=False,
-                           file=sys.stderr)
-            res = run_epoch(model, loaders[split], mailbox, opt if split == "train" else None, m,
-                            progress=bar)
-            if bar is not None:
-                bar.close()
-            r = m.compute()
-            if split == "train":
-                row.update(train_loss=res["loss"], train_ap=r["ap"],
-                           train_events_per_s=res["events_per_s"])
-                speeds.append(res["events_per_s"])
-                cpu_speeds.append(res["events_per_cpu_s"])
-            else:
-                row.update({f"{split}_ap": r["ap"], f"{split}_auc": r["auc"],
-                            f"{split}_mrr": r.get("mrr", float("nan")),
-                            f"{split}_ap_batch_mean": res["ap_batch_mean"]})
-        row["epoch_s"] = time.perf_counter() - t_ep
-        epochs_run += 1
-        if writer is not None:
-            writer.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
-            fh.flush()
-            log.warning("epoch %d: loss %.4f  train AP %.4f  val AP %.4f  test AP %.4f  (%.0f events/s)",
-                        epoch, row["train_loss"], row["train_ap"], row["val_ap"], row["test_ap"],
-                        row["train_events_per_s"])
-        if best is None or row["val_ap"] > best["val_ap"]:
-            best = dict(row)
-        if stopper.step(row["val_ap"]):
-            break
+    with ck.guard():  # a dead peer: PeerFailureError naming the epoch, split and step
+        for epoch in range(start_epoch, cfg.train.epoch):
+            if done:
+                break
+            t_ep = time.perf_counter()
+            mid_epoch = epoch == start_epoch and partial is not None
+            if mailbox is not None and not mid_epoch:
+                mailbox.reset()
+            row = {"epoch": epoch}
+            for split in ("train", "val", "test"):
+                m = LinkPredMetrics()
+                first, acc0 = 0, None
+                if split == "train" and mid_epoch:  # the partial epoch's accumulators
+                    first, acc0 = start_step, partial["acc"]
+                    m.load_state_dict(partial["metrics"])
+                loaders[split].set_epoch(epoch, first)
+                if ctx.rank == 0 and not args.no_progress:
+                    bar = tqdm(total=len(loaders[split]), initial=first,
+                               desc=f"epoch {epoch} {split}", leave=False, file=sys.stderr)
+                ck.at(epoch, split, first)
+
+                def on_step(acc, epoch=epoch, split=split, m=m):
+                    nonlocal global_step
+                    ck.at(epoch, split, acc["steps"])
+                    if split == "train":
+                        global_step += 1
+                        if ck.step_due(global_step):
+                            save_checkpoint(epoch, acc["steps"], acc, m)
+                res = run_epoch(model, loaders[split], mailbox, opt if split == "train" else None,
+                                m, progress=bar, on_step=on_step, resume=acc0)
+                if bar is not None:
+                    bar.close()
+                r = m.compute()
+                if split == "train":
+                    row.update(train_loss=res["loss"], train_ap=r["ap"],
+                               train_events_per_s=res["events_per_s"])
+                    speeds.append(res["events_per_s"])
+                    cpu_speeds.append(res["events_per_cpu_s"])
+                else:
+                    row.update({f"{split}_ap": r["ap"], f"{split}_auc": r["auc"],
+                                f"{split}_mrr": r.get("mrr", float("nan")),
+                                f"{split}_ap_batch_mean": res["ap_batch_mean"]})
+            partial = None
+            row["epoch_s"] = time.perf_counter() - t_ep
+            history.append(row)
+            if writer is not None:
+                writer.writerow(csv_row(row))
+                fh.flush()
+                log.warning("epoch %d: loss %.4f  train AP %.4f  val AP %.4f  test AP %.4f  "
+                            "(%.0f events/s)", epoch, row["train_loss"], row["train_ap"],
+                            row["val_ap"], row["test_ap"], row["train_events_per_s"])
+            if best is None or row["val_ap"] > best["val_ap"]:
+                best = dict(row)
+            done = stopper.step(row["val_ap"])
+            if ck.epoch_due(epoch, last=done or epoch == cfg.train.epoch - 1):
+                save_checkpoint(epoch + 1, 0, finished=done)
+    epochs_run = len(history)
+    if best is None:
+        raise SystemExit("error: no epoch to report (--epochs 0, or a finished checkpoint "
+                         "with no history)")
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0],
                        dtype=torch.float64)
     rss_all = all_gather_v(rss)
@@ -214,7 +305,7 @@ def main(argv=None) -> dict:
                "peak_rss_mib": float(rss_all.max()),
                "peak_rss_mib_per_rank": [round(float(x), 1) for x in rss_all],
                "batch_size": cfg.train.batch_size, "partition_algo": args.partition_algo,
-               "metrics_csv": str(csv_path)}
+               "metrics_csv": str(csv_path), "checkpoint_version": ck.last_version}
     if writer is not None:
         fh.close()
         clean = {k: (None if isinstance(v, float) and v != v else  # NaN -> null (strict JSON)
@@ -227,4 +318,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except PeerFailureError as e:  # the peer's own error is in its log; this rank says where
+        log.error("%s", e)
+        raise SystemExit(f"error: {e}") from None

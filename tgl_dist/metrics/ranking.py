@@ -85,6 +85,21 @@ class LinkPredMetrics:
     def reset(self) -> None:
         self.__init__()
 
+    def state_dict(self) -> Dict[str, Optional[Tensor]]:
+        """This rank's scores so far (for checkpoints of a partial split):
+        ``{'pos': [n], 'neg': [n], 'neg_k': [n, k] or None}``."""
+        return {"pos": torch.cat(self.pos) if self.pos else torch.zeros(0),
+                "neg": torch.cat(self.neg) if self.neg else torch.zeros(0),
+                "neg_k": torch.cat(self.neg_k) if self.neg_k else None}
+
+    def load_state_dict(self, state: Dict[str, Optional[Tensor]]) -> None:
+        """Restore :meth:`state_dict`; ``compute()`` then gives the same figures."""
+        self.__init__()
+        if state["pos"].numel():
+            self.pos, self.neg = [state["pos"].float().cpu()], [state["neg"].float().cpu()]
+        if state.get("neg_k") is not None and state["neg_k"].numel():
+            self.neg_k = [state["neg_k"].float().cpu()]
+
 
 class EarlyStopMonitor:
     """Stop when the monitored metric (higher is better unless ``higher_better=False``)
