@@ -1,6 +1,7 @@
 """``PartitionBook``: global node id -> (owner rank, local row), and back.
 
-Every rank holds the book (two small int tensors of N entries, 12 bytes a node):
+Every rank holds the book (owner int32, local row and the owner-sorted order int64:
+20 bytes a node):
 it is metadata, not node state, and it lets any rank route a request for any
 node to its owner without asking anyone.
 """

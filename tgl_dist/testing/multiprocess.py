@@ -8,11 +8,13 @@ a run longer than ``timeout`` is killed and reported.
 """
 from __future__ import annotations
 
+import io
 import os
 import socket
 import traceback
 from typing import Any, Callable, List
 
+import torch
 import torch.multiprocessing as mp
 
 
@@ -32,7 +34,11 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args, queue, en
     torch.set_num_threads(1)
     try:
         out = fn(*args)
-        queue.put((rank, True, out))
+        # bytes, not tensors: a tensor put on the queue travels as shared memory that
+        # vanishes when this process exits before the parent has read it
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        queue.put((rank, True, buf.getvalue()))
     except BaseException:  # report every failure to the parent
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -80,7 +86,7 @@ def run_distributed(fn: Callable, world_size: int = 2, *args: Any, timeout: floa
                             f"{[procs[r].exitcode for r in gone]} without returning a result")
                 continue
             if ok:
-                results[rank] = out
+                results[rank] = torch.load(io.BytesIO(out), weights_only=False)
             else:
                 errors.append((rank, out))
                 break
