@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def median(xs):
+    """The upper median (NaN for no values)."""
+    return sorted(xs)[len(xs) // 2] if xs else float("nan")
+
+
 def ensure_partition(args, ctx) -> Path:
     """Rank 0 loads the dataset and partitions it if ``parts/<name>/<algo>_<P>`` is absent."""
     folder = None
@@ -267,10 +272,12 @@ def main(argv=None) -> dict:
                     bar.close()
                 r = m.compute()
                 if split == "train":
-                    row.update(train_loss=res["loss"], train_ap=r["ap"],
-                               train_events_per_s=res["events_per_s"])
-                    speeds.append(res["events_per_s"])
-                    cpu_speeds.append(res["events_per_cpu_s"])
+                    # a resumed partial epoch's speed counts events from before the resume
+                    eps = float("nan") if acc0 is not None else res["events_per_s"]
+                    row.update(train_loss=res["loss"], train_ap=r["ap"], train_events_per_s=eps)
+                    if acc0 is None:
+                        speeds.append(res["events_per_s"])
+                        cpu_speeds.append(res["events_per_cpu_s"])
                 else:
                     row.update({f"{split}_ap": r["ap"], f"{split}_auc": r["auc"],
                                 f"{split}_mrr": r.get("mrr", float("nan")),
@@ -300,8 +307,8 @@ def main(argv=None) -> dict:
                "epochs": epochs_run, "best_epoch": best["epoch"], "val_ap": best["val_ap"],
                "val_auc": best["val_auc"], "test_ap": best["test_ap"], "test_auc": best["test_auc"],
                "test_mrr": best["test_mrr"], "test_ap_batch_mean": best["test_ap_batch_mean"],
-               "train_events_per_s": sorted(speeds)[len(speeds) // 2],
-               "train_events_per_cpu_s": sorted(cpu_speeds)[len(cpu_speeds) // 2],
+               "train_events_per_s": median(speeds),
+               "train_events_per_cpu_s": median(cpu_speeds),
                "peak_rss_mib": float(rss_all.max()),
                "peak_rss_mib_per_rank": [round(float(x), 1) for x in rss_all],
                "batch_size": cfg.train.batch_size, "partition_algo": args.partition_algo,

@@ -6,10 +6,12 @@ import json
 import logging
 import math
 import os
+import random
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,10 +19,12 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist import DistributedContext  # noqa: E402
+from tgl_dist.checkpoint import Every, RunCheckpoint, partition_identity  # noqa: E402
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
 from tgl_dist.dtdg.partition import partition_path  # noqa: E402
+from tgl_dist.errors import PeerFailureError  # noqa: E402
 from tgl_dist.partition.storage import read_manifest  # noqa: E402
 
 log = logging.getLogger("dtdg_example")
@@ -53,6 +57,18 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
     p.add_argument("--dtype", default=dtype, choices=["float32", "float64"],
                    help="parameter / compute precision")
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a collective waits for a peer; a dead or stuck rank makes the "
+                        "others fail with PeerFailureError after at most this long")
+    p.add_argument("--checkpoint-dir", default=None, help="write versioned checkpoints here")
+    p.add_argument("--checkpoint-every", default="1e",
+                   help="N (or Ns): every N training windows (optimiser steps), counted over the "
+                        "run; Ne: every N epochs. One is always written after the last epoch")
+    p.add_argument("--checkpoint-keep-every", type=int, default=0,
+                   help="keep every N-th checkpoint version as a snapshot (0: only the latest)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run committed in --checkpoint-dir up to --epochs in total "
+                        "(starts from scratch when nothing is committed yet)")
     return p
 
 
@@ -84,10 +100,58 @@ def _prepare(args, ctx, task: str):
 
 
 def run(doc: str, task: str, **defaults) -> dict:
-    args = build_parser(doc, **defaults).parse_args()
+    """Parse the arguments, train, print the JSON line; a dead peer ends it with a clear error."""
+    try:
+        return _run(doc, task, **defaults)
+    except PeerFailureError as e:  # the peer's own error is in its log; this rank says where
+        log.error("%s", e)
+        raise SystemExit(f"error: {e}") from None
+
+
+def _checkpointing(args, ctx, trainer, info, every) -> RunCheckpoint:
+    """Wire --checkpoint-dir / --checkpoint-every / --resume into the trainer's hooks."""
+    run_meta = {"partition": partition_identity(read_manifest(info["path"])),
+                "args": {k: v for k, v in vars(args).items()
+                         if k not in ("epochs", "checkpoint_dir", "checkpoint_every", "resume",
+                                      "checkpoint_keep_every", "log_level", "timeout", "root",
+                                      "parts")}}
+    ck = RunCheckpoint(args.checkpoint_dir, every, run_meta=run_meta, resume=args.resume,
+                       keep_every=args.checkpoint_keep_every, group=ctx.get_default_group())
+    saved = ck.load() if ck.enabled else None
+    if saved is not None:
+        trainer.load_checkpoint_state(*saved)
+    steps = [trainer.start_epoch * len(trainer.splitter.train)
+             + (trainer.partial or {}).get("windows", 0)]  # training windows done in the run
+
+    def on_step(tr, epoch, done):
+        ck.at(epoch, "train", done)
+        steps[0] += 1
+        if ck.step_due(steps[0]):
+            ck.save(*tr.checkpoint_state())
+
+    def on_epoch_end(tr, epoch, rec):
+        ck.at(epoch, "dev", len(tr.splitter.dev))
+        if ck.epoch_due(epoch, last=tr.stopped or epoch == tr.epochs - 1):
+            ck.save(*tr.checkpoint_state())
+    trainer.step_hooks.append(on_step)
+    trainer.hooks.append(on_epoch_end)
+    return ck
+
+
+def _run(doc: str, task: str, **defaults) -> dict:
+    parser = build_parser(doc, **defaults)
+    args = parser.parse_args()
+    try:
+        every = Every.parse(args.checkpoint_every)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.resume and not args.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
-    ctx = DistributedContext.init()
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    ctx = DistributedContext.init(timeout=args.timeout)
     t0 = time.perf_counter()
     graph, info = _prepare(args, ctx, task)
     torch.manual_seed(args.seed)
@@ -98,7 +162,9 @@ def run(doc: str, task: str, **defaults) -> dict:
     splitter = Splitter.from_graph(graph, hist_len=args.hist_len, task=task)
     trainer = Trainer(model, head, splitter, lr=args.lr, weight_decay=args.weight_decay,
                       epochs=args.epochs, patience=args.patience, progress=True)
-    res = trainer.fit()
+    ck = _checkpointing(args, ctx, trainer, info, every)
+    with ck.guard():  # a dead peer: PeerFailureError naming the epoch, split and step
+        res = trainer.fit()
     keys = (["test_ap", "test_auc", "test_mrr", "baseline_test_ap", "baseline_test_auc",
              "baseline_test_mrr", "dev_ap"] if task == "link_pred"
             else ["test_mse", "baseline_test_mse", "dev_mse"])
@@ -108,7 +174,7 @@ def run(doc: str, task: str, **defaults) -> dict:
                **{k: res.get(k, math.nan) for k in keys},
                "snapshots_per_s": res["snapshots_per_s"],
                "train_windows": len(splitter.train), "test_windows": len(splitter.test),
-               "seconds": time.perf_counter() - t0}
+               "seconds": time.perf_counter() - t0, "checkpoint_version": ck.last_version}
     if ctx.rank == 0:
         print(json.dumps(summary), flush=True)
     ctx.shutdown()
