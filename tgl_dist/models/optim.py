@@ -76,14 +76,44 @@ class TrainOptimizer:
                 mine.load_state_dict(saved)
 
 
+SPARSE_OPTIMIZERS = ("adam", "adagrad")
+
+
+def _sparse_settings(tables: List[DistEmbedding], lr: float, sparse_lr: Optional[float],
+                     sparse_optimizer: Optional[str]):
+    """The one (optimizer name, lr) all ``tables`` use: explicit arguments, then the tables'
+    ``sparse_optim`` hints, then ``('adam', lr)``."""
+    names = {t.sparse_optim.get("optimizer") for t in tables} - {None}
+    lrs = {float(t.sparse_optim["lr"]) for t in tables if t.sparse_optim.get("lr") is not None}
+    if sparse_optimizer is None and len(names) > 1:
+        raise ValueError(f"build_optimizer: the sharded tables ask for different sparse "
+                         f"optimizers {sorted(names)}; pass sparse_optimizer=")
+    if sparse_lr is None and len(lrs) > 1:
+        raise ValueError(f"build_optimizer: the sharded tables ask for different learning "
+                         f"rates {sorted(lrs)}; pass sparse_lr=")
+    name = sparse_optimizer or (names.pop() if names else "adam")
+    if name not in SPARSE_OPTIMIZERS:
+        raise ValueError(f"build_optimizer: unknown sparse optimizer {name!r}; known: "
+                         f"{list(SPARSE_OPTIMIZERS)}")
+    return name, float(sparse_lr if sparse_lr is not None else (lrs.pop() if lrs else lr))
+
+
 def build_optimizer(modules: Union[nn.Module, Sequence[nn.Module]], lr: float,
-                    weight_decay: float = 0.0, sparse_lr: Optional[float] = None) -> TrainOptimizer:
-    """Adam over the dense parameters of ``modules``; sparse Adam over their sharded tables.
+                    weight_decay: float = 0.0, sparse_lr: Optional[float] = None,
+                    sparse_optimizer: Optional[str] = None) -> TrainOptimizer:
+    """Adam over the dense parameters of ``modules``; a sparse optimizer over their sharded tables.
 
     Args:
         modules: the model (or model and task head).
-        lr: dense learning rate. ``sparse_lr``: the tables' (default: ``lr``).
-        weight_decay: dense Adam weight decay.
+        lr: dense learning rate.
+        weight_decay: dense Adam weight decay (the sparse optimizers have none).
+        sparse_lr: the tables' learning rate. Default: the ``'lr'`` of the tables'
+            ``sparse_optim`` hint (set by the model builders from the config's
+            ``node_embedding`` section), else ``lr``.
+        sparse_optimizer: ``'adam'`` (:class:`tgl_dist.optim.SparseAdam`) or
+            ``'adagrad'`` (:class:`tgl_dist.optim.SparseAdagrad`). Default: the tables'
+            ``sparse_optim['optimizer']`` hint, else ``'adam'``. All tables share one
+            sparse optimizer: conflicting hints raise ``ValueError``.
     """
     mods = [modules] if isinstance(modules, nn.Module) else list(modules)
     seen, params = set(), []
@@ -96,6 +126,7 @@ def build_optimizer(modules: Union[nn.Module, Sequence[nn.Module]], lr: float,
     tables = sharded_modules(mods)
     sparse = None
     if tables:
-        from tgl_dist.optim import SparseAdam
-        sparse = SparseAdam(tables, lr=sparse_lr if sparse_lr is not None else lr)
+        from tgl_dist.optim import SparseAdagrad, SparseAdam
+        name, table_lr = _sparse_settings(tables, lr, sparse_lr, sparse_optimizer)
+        sparse = (SparseAdam if name == "adam" else SparseAdagrad)(tables, lr=table_lr)
     return TrainOptimizer(dense, sparse)

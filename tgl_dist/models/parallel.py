@@ -4,22 +4,54 @@ Every rank holds a full copy of the dense parameters (updaters, attention, predi
 :func:`broadcast_parameters` makes the copies equal at the start; after each
 ``backward()``, :func:`all_reduce_gradients` averages the gradients over ranks in one
 flat all-reduce, so identical optimizer steps keep them equal. No-ops in a world of one.
+
+Sharded tables (:class:`tgl_dist.nn.DistEmbedding`) are not dense parameters: they are
+neither broadcast nor all-reduced. Their gradient rows go to the owning rank in the
+sparse optimizer's ``step()``; a table built with ``grad_reduction='mean'`` (what
+:func:`tgl_dist.models.build_model` does) divides the sum of the ranks' rows by the world
+size there, matching the averaging of the dense gradients here.
 """
 from __future__ import annotations
+
+from typing import Set
 
 import torch
 from torch import nn
 
 from tgl_dist.dist import all_reduce_, broadcast_object, world
+from tgl_dist.nn.dist_embedding import DistEmbedding
+
+
+def sharded_state_keys(module: nn.Module) -> Set[str]:
+    """``state_dict`` keys of the sharded tables (:class:`DistEmbedding`) inside ``module``.
+
+    Their values differ between ranks by design (each rank holds its own rows).
+    """
+    keys = set()
+    for prefix, m in module.named_modules():
+        if isinstance(m, DistEmbedding):
+            p = f"{prefix}." if prefix else ""
+            keys.update(p + k for k in DistEmbedding._STATE_KEYS)
+    return keys
 
 
 def broadcast_parameters(module: nn.Module, src: int = 0, group=None) -> None:
-    """Copy rank ``src``'s parameters and buffers to every rank (collective)."""
+    """Copy rank ``src``'s parameters and buffers to every rank (collective).
+
+    Sharded tables (:class:`tgl_dist.nn.DistEmbedding`) are left alone: each rank holds
+    different rows, and their default initialisation already gives a node the same row
+    whatever the partition.
+    """
     if world(group)[1] == 1:
         return
-    state = broadcast_object({k: v.detach().cpu() for k, v in module.state_dict().items()},
-                             src, group)
-    module.load_state_dict(state)
+    skip = sharded_state_keys(module)
+    state = broadcast_object({k: v.detach().cpu() for k, v in module.state_dict().items()
+                              if k not in skip}, src, group)
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    wrong = sorted(set(missing) - skip) + sorted(unexpected)
+    if wrong:
+        raise RuntimeError(f"broadcast_parameters: rank {src}'s model differs from this "
+                           f"rank's (keys {wrong[:5]})")
 
 
 def all_reduce_gradients(module: nn.Module, group=None) -> None:

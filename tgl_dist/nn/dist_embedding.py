@@ -23,7 +23,7 @@ import ctypes
 import logging
 import math
 import sys
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -155,6 +155,17 @@ class DistEmbedding(nn.Module):
         seed: seed of the default initialisation (default: ``0``).
         dtype: table dtype (default: ``torch.float32``).
         device: where the local table lives (default: CPU).
+        grad_reduction: how the gradient rows of the ranks combine at the owner in the
+            sparse optimizer's ``step()``: ``'sum'`` (default) or ``'mean'`` (the sum
+            divided by the group's world size). Use ``'mean'`` when the training loop
+            *averages* the dense gradients over ranks (each rank's loss is a mean over
+            its share of the step, as :func:`tgl_dist.models.all_reduce_gradients`
+            assumes), ``'sum'`` when each rank's loss is already normalised by global
+            counts and dense gradients are summed (the DTDG trainer). Either way the
+            table then follows the 1-process gradient.
+        sparse_optim: optional hint for :func:`tgl_dist.models.build_optimizer`:
+            ``{'optimizer': 'adam' | 'adagrad', 'lr': float}`` (either key may be
+            left out). The table itself never reads it.
 
     Attributes:
         weight: this rank's rows, shape ``[n_owned, D]``; row ``k`` is node
@@ -177,8 +188,18 @@ class DistEmbedding(nn.Module):
     def __init__(self, num_nodes: int, dim: int, partition_book: PartitionBook, name: str,
                  init: Optional[Callable[[Tensor], Any]] = None, group=None, *, seed: int = 0,
                  dtype: torch.dtype = torch.float32,
-                 device: Optional[torch.device | str] = None) -> None:
+                 device: Optional[torch.device | str] = None,
+                 grad_reduction: str = "sum",
+                 sparse_optim: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
+        if grad_reduction not in ("sum", "mean"):
+            raise ValueError(f"DistEmbedding: grad_reduction must be 'sum' or 'mean', "
+                             f"got {grad_reduction!r}")
+        hint = dict(sparse_optim or {})
+        unknown = sorted(set(hint) - {"optimizer", "lr"})
+        if unknown:
+            raise ValueError(f"DistEmbedding: sparse_optim takes keys 'optimizer' and 'lr', "
+                             f"got {unknown}")
         if int(num_nodes) < 0 or int(dim) <= 0:
             raise ValueError(f"DistEmbedding needs num_nodes >= 0 and dim > 0, got "
                              f"num_nodes={num_nodes}, dim={dim}")
@@ -202,6 +223,8 @@ class DistEmbedding(nn.Module):
         self.rank = rank
         self.world_size = ws
         self.seed = int(seed)
+        self.grad_reduction = grad_reduction
+        self.sparse_optim = hint
         owned = (partition_book.owned_ids(rank) if rank < partition_book.num_parts
                  else torch.empty(0, dtype=torch.long))
         weight = empty_rows(owned.numel(), self.dim, dtype=dtype, device=device)
@@ -350,4 +373,5 @@ class DistEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"name={self.name!r}, num_nodes={self.num_nodes}, dim={self.dim}, "
-                f"rank={self.rank}, num_owned={self.num_owned}")
+                f"rank={self.rank}, num_owned={self.num_owned}, "
+                f"grad_reduction={self.grad_reduction!r}")

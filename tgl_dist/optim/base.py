@@ -5,7 +5,9 @@ The base class owns the exchange; subclasses own the math (as in DGL's
 row)`` to the owner of the id, the owner deduplicates the incoming ids and **sums**
 the gradient rows of duplicates (the same id looked up twice in a batch, in two
 lookups, or on two ranks), then calls :meth:`SparseOptimizer.update` with unique
-local rows only. Cost per step grows with the number of touched rows, not with the
+local rows only. A table built with ``grad_reduction='mean'`` divides that sum by
+the world size of its group (to match data-parallel loops that average the dense
+gradients over ranks). Cost per step grows with the number of touched rows, not with the
 table size.
 
 Worked example (2 ranks, owners ``[0, 1, 0, 1]``)::
@@ -107,6 +109,8 @@ class SparseOptimizer:
                 continue
             uniq, inverse = torch.unique(rows, return_inverse=True)
             summed = g.new_zeros(uniq.numel(), emb.dim).index_add_(0, inverse, g)
+            if emb.grad_reduction == "mean" and emb.world_size > 1:
+                summed /= emb.world_size
             self.update(emb, uniq, summed, self.state[emb.name])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
