@@ -10,6 +10,15 @@ layers, so every rank must call the model with the same window.
 Where the recurrence does not pass through the graph (GCN, EvolveGCN-O's weights)
 the whole window is one batched sparse product per layer; T-GCN and GConvGRU run the
 input part batched and the recurrent part step by step (one route per step and gate group).
+
+Node embeddings: a model may carry a learnable per-node input
+(:meth:`SnapshotModel.set_node_embedding`, a :class:`tgl_dist.nn.DistEmbedding` sharded
+like the graph: each rank stores its owned nodes' rows). The input of every snapshot is
+then ``[x_t || e]`` ``[Tw, n, F + D]`` (``[Tw, n, D]`` on a featureless graph). Each rank
+looks up its owned rows (a collective lookup, purely local with this sharding); halo
+rows reach the other ranks through the route inside the layers, whose backward brings
+their gradient back to the owner. A learnable input is not constant, so the
+first-layer cache of :math:`\\hat A x` (``DistGraph.propagated_features``) is not used.
 """
 from __future__ import annotations
 
@@ -30,6 +39,28 @@ class SnapshotModel(nn.Module):
     def __init__(self, graph) -> None:
         super().__init__()
         object.__setattr__(self, "graph", graph)
+        self.node_embedding: Optional[nn.Module] = None
+
+    def set_node_embedding(self, table: nn.Module) -> None:
+        """Append a learnable node input: ``table(owned global ids) -> [n, D]``.
+
+        ``table`` is a :class:`tgl_dist.nn.DistEmbedding` over the graph's nodes, sharded
+        by the graph's partition (``PartitionBook(graph.owner)``); the model's ``in_dim``
+        must already count its D columns. Every rank looks up its owned rows at every
+        model call (a collective, like the route).
+        """
+        self.node_embedding = table
+
+    def embedded_inputs(self, ts: Sequence[int], x: Optional[Tensor]) -> Optional[Tensor]:
+        """``[x_t || e]`` for the window ``[Tw, n, F + D]`` when the model has a node
+        embedding (``x``: given features or the graph's, if any); else ``x`` unchanged."""
+        if self.node_embedding is None:
+            return x
+        e = self.node_embedding(self.graph.owned_ids)                        # [n, D]
+        e = e.unsqueeze(0).expand(len(ts), -1, -1)                           # [Tw, n, D]
+        if x is None and self.graph.node().get("x") is not None:
+            x = self.graph.features(ts)
+        return e if x is None else torch.cat([x.to(e.dtype), e], -1)
 
     @property
     def route(self):
@@ -56,11 +87,13 @@ class SnapshotModel(nn.Module):
 
     def forward_sequence(self, ts: Sequence[int], x: Optional[Tensor] = None) -> Tensor:
         """Embeddings of the owned nodes at every snapshot of ``ts``: ``[n, Tw, F_out]``."""
-        return self.window(list(ts), x).transpose(0, 1)
+        ts = list(ts)
+        return self.window(ts, self.embedded_inputs(ts, x)).transpose(0, 1)
 
     def forward(self, ts: Sequence[int], x: Optional[Tensor] = None) -> Tensor:
         """Embeddings of the owned nodes at the last snapshot of ``ts``: ``[n, F_out]``."""
-        return self.window(list(ts), x)[-1]
+        ts = list(ts)
+        return self.window(ts, self.embedded_inputs(ts, x))[-1]
 
     def get_snapshot(self, t: int):
         return self.graph.get_snapshot(t)
