@@ -43,6 +43,9 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
     p.add_argument("--model", default=model, help=f"one of {model_names()}")
     p.add_argument("--hidden-dim", type=int, default=32)
     p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--node-embedding", type=int, default=0, metavar="DIM",
+                   help="learnable per-node input of size DIM appended to the features "
+                        "(a sharded DistEmbedding trained by SparseAdam; 0 = none)")
     p.add_argument("--hist-len", type=int, default=hist_len, help="history snapshots per window")
     p.add_argument("--epochs", type=int, default=epochs)
     p.add_argument("--patience", type=int, default=10)
