@@ -71,9 +71,6 @@ def test_one_process_resume_at_epoch_end_up_to_more_epochs(full_run):
     res = _run(_tgn(tmp, "ep", "--epochs", "2", "--checkpoint-every", "1e", "--resume"), tmp)
     assert checkpoint_diff(tmp / "ck", tmp / "ep") == []
     assert {k: res[k] for k in METRICS} == {k: full[k] for k in METRICS}
-    # a resumed run refuses another configuration (same checkpoint, other batch size)
-    p = _run(_tgn(tmp, "ep", "--epochs", "3", "--resume", "--batch-size", "50"), tmp, ok=False)
-    assert "run_meta['config'] differs" in p.stderr
 
 
 @pytest.mark.slow
@@ -113,8 +110,7 @@ def _tiny_dtdg(path: Path, N: int = 30, T: int = 12) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script,model", [("train_link_pred.py", "evolvegcn-o"),
-                                          ("train_node_regression.py", "gconvgru")])
+@pytest.mark.parametrize("script,model", [("train_link_pred.py", "evolvegcn-o")])
 def test_dtdg_resume_mid_epoch_is_bitwise(tmp_path, script, model):
     data = _tiny_dtdg(tmp_path / "tiny.json")
     args = [sys.executable, str(DTDG / script), "--data", str(data), "--hist-len", "3",

@@ -93,7 +93,8 @@ def capture(modules: Modules, optimizer=None, mailbox=None, rank: int = 0,
         loop: replicated bookkeeping of the training loop (history, early stopping...).
         partial: this rank's accumulators of a partial epoch (or None).
     Returns:
-        ``(dense or None, shard)``.
+        ``(dense or None, shard)``; they hold references to the live tensors (no copy):
+        save them before the next training step.
     """
     mods = [modules] if isinstance(modules, nn.Module) else list(modules)
     parts = [split_state_dict(m) for m in mods]
