@@ -171,21 +171,113 @@ def test_bad_arguments():
         s.sample(torch.tensor([7]), torch.tensor([1.0]))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("policy", ["recent", "uniform"])
-def test_compiled_kernel_equals_torch_path(wiki, policy):
-    from tgl_dist.sampling.kernel import get_kernel
-    if get_kernel() is None:
-        pytest.skip("no C++ compiler: the compiled kernel cannot be built here")
-    N, ev = _small_real(wiki, 20000)
-    g = TemporalNeighborSampleGraph(ev, "full", num_nodes=N)
-    i = torch.arange(15000, 16000)
-    nodes = torch.cat([ev["src"][i], ev["dst"][i], ev["dst"][i.flip(0)]])
-    ts = torch.cat([ev["t"][i], ev["t"][i], ev["t"][i] + 0.5])
-    a = NeighborSampler(N, 2, [10, 4], g, policy=policy, backend="torch").sample(nodes, ts, epoch=2)
-    b = NeighborSampler(N, 2, [10, 4], g, policy=policy, backend="cpp").sample(nodes, ts, epoch=2)
+def _same_blocks(a, b):
+    assert len(a) == len(b)
     for x, y in zip(a, b):
         assert x.num_dst == y.num_dst
         for d1, d2 in ((x.srcdata, y.srcdata), (x.edata, y.edata)):
-            assert all(torch.equal(d1[key], d2[key]) for key in d1)
+            assert d1.keys() == d2.keys()
+            for key in d1:
+                assert d1[key].dtype == d2[key].dtype and torch.equal(d1[key], d2[key]), key
         assert torch.equal(x.edge_index, y.edge_index)
+
+
+def _needs_kernel():
+    from tgl_dist.sampling._ckernel import get_kernel
+    if get_kernel() is None:
+        pytest.skip("no working C compiler: the compiled kernel cannot be built here")
+
+
+def test_default_backend_is_the_compiled_kernel(wiki):
+    _needs_kernel()
+    N, ev = _small_real(wiki, 100)
+    s = NeighborSampler(N, 1, 10, TemporalNeighborSampleGraph(ev, "full", num_nodes=N))
+    assert s.backend == "compiled"
+
+
+@pytest.mark.parametrize("policy,fanout", [("recent", [10]), ("uniform", [10]), ("recent", [10, 10]),
+                                           ("uniform", [10, 10]), ("uniform", [10, 10, 5]),
+                                           ("recent", [3, 7]), ("uniform", [4, 4, 4])])
+def test_compiled_kernel_equals_torch_path(wiki, policy, fanout):
+    """The default backend (compiled kernel) returns bit-identical blocks to the torch path."""
+    _needs_kernel()
+    N, ev = _small_real(wiki, 20000)
+    g = TemporalNeighborSampleGraph(ev, "full", num_nodes=N)
+    gen = torch.Generator().manual_seed(1)
+    i = torch.arange(15000, 16000)
+    neg = torch.randint(N, (i.numel(),), generator=gen)
+    nodes = torch.cat([ev["src"][i], ev["dst"][i], neg])
+    ts = torch.cat([ev["t"][i], ev["t"][i], ev["t"][i] + 0.5])
+    fast = NeighborSampler(N, len(fanout), fanout, g, policy=policy, workers=2, seed=5)
+    ref = NeighborSampler(N, len(fanout), fanout, g, policy=policy, seed=5, backend="torch")
+    # chronological, then backwards in time and shuffled: the kernel's search hints are
+    # stale or far off, which may cost time but must never change a sample
+    perm = torch.randperm(nodes.numel(), generator=gen)
+    for nd, t in ((nodes, ts), (nodes.flip(0), ts.flip(0) - 1000.0), (nodes[perm], ts[perm])):
+        _same_blocks(fast.sample(nd, t, epoch=2), ref.sample(nd, t, epoch=2))
+    _same_blocks(fast.sample(nodes[:0], ts[:0]), ref.sample(nodes[:0], ts[:0]))
+
+
+def test_compiled_kernel_partitioned_mode_world_of_one(wiki):
+    """'partitioned' mode samples through the kernel's flat hop: same blocks as torch and as 'full'."""
+    _needs_kernel()
+    from tgl_dist.dist import PartitionBook
+    N, ev = _small_real(wiki, 8000)
+    book = PartitionBook(torch.zeros(N, dtype=torch.long), num_parts=1)
+    part = TemporalNeighborSampleGraph(ev, "partitioned", num_nodes=N, book=book)
+    full = TemporalNeighborSampleGraph(ev, "full", num_nodes=N)
+    i = torch.arange(6000, 6400)
+    nodes, ts = torch.cat([ev["src"][i], ev["dst"][i]]), torch.cat([ev["t"][i], ev["t"][i]])
+    for policy in ("recent", "uniform"):
+        a = NeighborSampler(N, 2, [10, 3], part, policy=policy).sample(nodes, ts)
+        b = NeighborSampler(N, 2, [10, 3], part, policy=policy, backend="torch").sample(nodes, ts)
+        c = NeighborSampler(N, 2, [10, 3], full, policy=policy).sample(nodes, ts)
+        _same_blocks(a, b)
+        _same_blocks(a, c)
+
+
+def test_kernel_build_cache_and_failures(tmp_path):
+    """Builds once per (source, compiler): a cached build is reused, an edited source rebuilds,
+    and a failing compiler is a clear error."""
+    from tgl_dist.sampling import _ckernel as ck
+    cc = ck.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    p1 = ck.build(cc, tmp_path)
+    mtime = p1.stat().st_mtime_ns
+    assert ck.build(cc, tmp_path) == p1 and p1.stat().st_mtime_ns == mtime
+    src = tmp_path / "edited.c"
+    src.write_text(ck.SOURCE.read_text() + "\n/* edited */\n")
+    assert ck.build(cc, tmp_path, src) != p1
+    assert ck.load(p1).tgl_abi() == ck.ABI
+    bad = tmp_path / "bad.c"
+    bad.write_text("int f(void) { return }\n")
+    with pytest.raises(RuntimeError, match="failed"):
+        ck.build(cc, tmp_path, bad)
+    assert not list(tmp_path.glob("*.tmp.so"))
+
+
+def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch, tmp_path, caplog):
+    from tgl_dist.sampling import _ckernel as ck
+    monkeypatch.setattr(ck, "_kernel", None)
+    monkeypatch.setattr(ck, "_error", None)
+    monkeypatch.setattr(ck, "_warned", False)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("TGL_DIST_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TGL_DIST_NO_KERNEL", raising=False)
+    ev = _graph([0, 1, 0], [1, 2, 2], [1, 2, 3])
+    g = TemporalNeighborSampleGraph(ev, "full")
+    with caplog.at_level("WARNING", logger="tgl_dist.sampling._ckernel"):
+        s1 = NeighborSampler(g.num_nodes, 1, 2, g)
+        s2 = NeighborSampler(g.num_nodes, 1, 2, g, policy="uniform")
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    msg = warnings[0].getMessage()
+    assert "no-such-cc" in msg and "C compiler" in msg and "TGL_DIST_NO_KERNEL" in msg
+    assert s1.backend == s2.backend == "torch"
+    (b,) = s1.sample(torch.tensor([0]), torch.tensor([3.5], dtype=torch.float64))
+    assert b.edata["ID"].tolist() == [0, 2]
+    with pytest.raises(RuntimeError, match="backend='compiled'"):
+        NeighborSampler(g.num_nodes, 1, 2, g, backend="compiled")
+    monkeypatch.setenv("TGL_DIST_NO_KERNEL", "1")
+    assert NeighborSampler(g.num_nodes, 1, 2, g).backend == "torch"

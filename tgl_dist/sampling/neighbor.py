@@ -29,13 +29,14 @@ from torch import Tensor
 
 from tgl_dist.dist import Plan
 from tgl_dist.graph.tcsr import TemporalNeighborSampleGraph
+from tgl_dist.sampling._ckernel import get_kernel, load_kernel
 from tgl_dist.sampling.block import Block, Roots
 from tgl_dist.sampling.hashing import GOLDEN, hash_keys, mix64, time_bits, uniform_below, wrap64
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("recent", "uniform")
-BACKENDS = ("torch", "cpp", "auto")
+BACKENDS = ("auto", "compiled", "torch", "cpp")  # 'cpp': old name of 'compiled'
 Hop = Tuple[Tensor, Tensor, Tensor, Tensor, Optional[Tensor]]  # (row, nbr, eid, edge_ts, dt?), flat
 
 
@@ -77,14 +78,17 @@ class NeighborSampler:
         fanout: neighbours per hop, an int (every hop) or a list of L ints
             (``fanout[0]`` is the hop next to the roots).
         graph_data: the :class:`TemporalNeighborSampleGraph` to sample from.
-        workers: torch intra-op threads while sampling (default 1).
+        workers: threads of the compiled kernel, and torch's intra-op threads while
+            sampling from the main thread (default 1).
         policy: ``'recent'`` or ``'uniform'``.
         seed: base seed of the uniform policy (default 0).
         graph_name: optional name used in log messages.
-        backend: ``'torch'`` (vectorised torch ops), ``'cpp'`` (the compiled kernel of
-            :mod:`tgl_dist.sampling.kernel`, built on first use; error if it cannot be
-            built) or ``'auto'`` (the kernel when it builds, else torch). All return
-            identical samples.
+        backend: ``'auto'`` (default: the compiled C kernel of
+            :mod:`tgl_dist.sampling._ckernel`, built on first use in well under a
+            second, or the torch path with one warning if no C compiler works),
+            ``'compiled'`` (the kernel; error if it cannot be built; ``'cpp'`` is an
+            alias) or ``'torch'`` (vectorised torch ops only). All return identical
+            samples.
 
     Shapes:
         R: roots, ``D_l`` / ``S_l`` / ``M_l``: destinations / sources / edges of block l.
@@ -93,7 +97,7 @@ class NeighborSampler:
     def __init__(self, num_nodes: int, num_layers: int, fanout: Union[int, Sequence[int]],
                  graph_data: TemporalNeighborSampleGraph, workers: int = 1,
                  policy: str = "recent", seed: int = 0, graph_name: Optional[str] = None,
-                 backend: str = "torch") -> None:
+                 backend: str = "auto") -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if num_layers < 1:
@@ -110,19 +114,22 @@ class NeighborSampler:
         self.fanout = fan
         self.graph = graph_data
         self.workers = int(workers) if workers else None
+        self.threads = self.workers or 1  # threads of the compiled kernel
         self.policy = policy
         self.seed = int(seed)
         self.name = graph_name or "graph"
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self._kernel = None
-        if backend != "torch":
-            from tgl_dist.sampling.kernel import get_kernel
+        if backend == "auto":
             self._kernel = get_kernel()
-            if self._kernel is None and backend == "cpp":
-                raise RuntimeError("backend='cpp': the compiled sampling kernel could not be built "
-                                   "(see the warning above); use backend='torch' or 'auto'")
-        self.backend = "cpp" if self._kernel is not None else "torch"
+        elif backend != "torch":
+            try:
+                self._kernel = load_kernel()
+            except RuntimeError as e:
+                raise RuntimeError(f"backend={backend!r}: the compiled sampling kernel is unavailable ({e}); "
+                                   f"install a C compiler or set CC, or use backend='torch' or 'auto'") from e
+        self.backend = "compiled" if self._kernel is not None else "torch"
         self._salts: dict = {}
         self.set_epoch(0)
 
@@ -173,11 +180,8 @@ class NeighborSampler:
 
     def _hop_local(self, nodes: Tensor, ts: Tensor, k: int, salt: int) -> Hop:
         g = self.graph
-        if self._kernel is not None:
-            row, nbr, eid, ets, dt = self._kernel.sample_hop(
-                g.indptr, g.ts, g.nbr, g.eid, nodes.contiguous(), ts.contiguous(), k,
-                self.policy == "uniform", salt)
-            return row, nbr, eid, ets, dt  # the kernel computes dt too
+        if self._kernel is not None:  # the kernel computes dt too
+            return self._kernel.hop(g, nodes, ts, k, self.policy == "uniform", salt, self.threads)
         first, table, cnt = self.sample_local(nodes, ts, k, salt)
         row, j = compact(cnt)
         if table is None:
@@ -255,13 +259,16 @@ class NeighborSampler:
             prev_dst = 0
             for layer, k in enumerate(self.fanout):
                 if self._kernel is not None and self.graph.mode == "full":
-                    # the compiled kernel writes the whole block in place (no reuse: its
-                    # concatenations would cost more than re-sampling the prefix)
-                    src_id, src_ts, edge_index, eid, dt = self._kernel.sample_block(
-                        self.graph.indptr, self.graph.ts, self.graph.nbr, self.graph.eid,
-                        dst_id.contiguous(), dst_ts.contiguous(), k, self.policy == "uniform", salt)
+                    # the compiled kernel writes the whole block in place; destinations
+                    # sampled with the same k in the previous block are copied from it
+                    reuse = (d_prev,) + out if layer and k == self.fanout[layer - 1] else None
+                    out = self._kernel.block(self.graph, dst_id, dst_ts, k, self.policy == "uniform",
+                                             salt, self.threads, reuse, None if layer == 0 else out[5],
+                                             want_hint=layer + 1 < len(self.fanout))
+                    src_id, src_ts, edge_index, eid, dt, _ = out
+                    d_prev = dst_id.numel()
                     blocks.append(Block({"ID": src_id, "ts": src_ts}, {"ID": eid, "dt": dt}, edge_index,
-                                        dst_id.numel()))
+                                        d_prev))
                     dst_id, dst_ts = src_id, src_ts
                     continue
                 if prev is not None and k == self.fanout[layer - 1]:

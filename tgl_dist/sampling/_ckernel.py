@@ -1,0 +1,306 @@
+"""The compiled sampling kernel: a small C file built on first use, called through ctypes.
+
+Why plain C and ctypes (not a torch C++ extension): ``_sampler.c`` includes no torch
+header, so the system C compiler builds it in well under a second
+(``cc -O3 -std=c99 -shared -fPIC -pthread``), where ``torch.utils.cpp_extension``
+needed about 1.5 minutes for the same kernel. The shared library is cached under
+``$TGL_DIST_CACHE_DIR`` (default ``$XDG_CACHE_HOME/tgl_dist`` or
+``~/.cache/tgl_dist``), in a file named after the hash of the source, the compiler
+command and the platform, so an edited kernel or another compiler never reuses a
+stale build. Processes that build at the same time each write a temporary file and
+rename it into place (atomic), so concurrent ranks are safe.
+
+:func:`get_kernel` returns ``None`` (and logs ONE warning per process saying why and
+how to fix it) when no compiler is found or the build fails; the sampler then uses
+its pure-torch path, which returns identical samples (``tests/sampling`` compares
+them). ``TGL_DIST_NO_KERNEL=1`` selects the torch path without a warning.
+
+The functions below take and return torch tensors; they wrap the two passes of the
+C kernel (count, then fill into exactly sized outputs). ctypes releases the GIL for
+the duration of each call, so the loader's background thread samples in parallel
+with training.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("_sampler.c")
+ABI = 4
+FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC", "-pthread")
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are cached (``$TGL_DIST_CACHE_DIR`` or the user cache)."""
+    if os.environ.get("TGL_DIST_CACHE_DIR"):
+        return Path(os.environ["TGL_DIST_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tgl_dist"
+
+
+def compiler() -> Optional[Sequence[str]]:
+    """The C compiler command (``$CC``, else ``cc``, ``gcc`` or ``clang`` on the PATH)."""
+    if os.environ.get("CC"):
+        return shlex.split(os.environ["CC"])
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return [name]
+    return None
+
+
+def build(cc: Sequence[str], directory: Path, source: Path = SOURCE) -> Path:
+    """Compile ``source`` with ``cc`` into ``directory`` (reused when already built).
+
+    Raises:
+        RuntimeError: the compiler failed (its first error line in the message).
+        OSError: the source cannot be read or nothing can be written.
+    """
+    code = source.read_bytes()
+    key = hashlib.sha256(b"\0".join([code, " ".join(cc).encode(), " ".join(FLAGS).encode(),
+                                     sys.platform.encode(), platform.machine().encode()])).hexdigest()[:16]
+    out = directory / f"sampler-{key}.so"
+    if out.exists():
+        return out
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.stem + ".", suffix=".tmp.so", dir=directory)
+    os.close(fd)
+    try:
+        cmd = [*cc, *FLAGS, str(source), "-o", tmp]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            lines = [ln for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
+            err = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
+            raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {res.returncode}): {err.strip()}")
+        os.replace(tmp, out)  # atomic: concurrent builders all end with a complete file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Open a built kernel and declare its C signatures."""
+    lib = ctypes.CDLL(str(path))
+    lib.tgl_abi.restype = _I64
+    if lib.tgl_abi() != ABI:
+        raise RuntimeError(f"{path} has kernel ABI {lib.tgl_abi()}, expected {ABI}")
+    lib.tgl_count.restype = _I64
+    lib.tgl_count.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]
+    lib.tgl_fill.restype = _INT
+    lib.tgl_fill.argtypes = [_P, _P, _P, _I64, _I64, _INT, _I64, _P, _P, _P,
+                             _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _INT]
+    return lib
+
+
+class Records:
+    """What the kernel reads from one T-CSR, built once per graph (see :func:`records`).
+
+    Attributes:
+        indptr: ``[N + 1]``; ts: ``[2E]`` float64 (the T-CSR's own tensors, contiguous).
+        rec: ``[2E, 4]`` int64 rows ``{nbr, eid, time bits, twin}``: one 32-byte record
+            per T-CSR row, so a sampled edge costs one cache miss instead of three;
+            ``twin`` is the row of the same event in the neighbour's list (-1 if the
+            neighbour's list is not held here): the next hop's binary search for that
+            neighbour starts there. 64 bytes per event.
+        node_hint: ``[N]`` per node, the row where its last search (with no better hint)
+            ended: in chronological replay the next query of the node lands near it.
+            Updated by the kernel; a hint only changes the search's speed, never its
+            answer, so concurrent samplers may share it.
+    """
+
+    def __init__(self, g) -> None:
+        self.indptr = g.indptr.contiguous()
+        self.ts = g.ts.contiguous()
+        n = int(g.eid.numel())
+        rec = torch.empty(n, 4, dtype=torch.long)
+        rec[:, 0] = g.nbr
+        rec[:, 1] = g.eid
+        rec[:, 2] = self.ts.view(torch.long)
+        rec[:, 3] = -1
+        if n > 1:
+            order = torch.sort(g.eid, stable=True).indices
+            se = g.eid.index_select(0, order)
+            i = (se[1:] == se[:-1]).nonzero().view(-1)
+            a, b = order.index_select(0, i), order.index_select(0, i + 1)
+            rec[a, 3] = b
+            rec[b, 3] = a
+        self.rec = rec
+        self.num_nodes = int(self.indptr.numel()) - 1
+        self.node_hint = torch.full((self.num_nodes,), -1, dtype=torch.long)
+
+    def nbytes(self) -> int:
+        return int(self.rec.numel() + self.node_hint.numel()) * 8
+
+
+_records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_records_lock = threading.Lock()
+
+
+def records(g) -> Records:
+    """The kernel's :class:`Records` of T-CSR ``g`` (built on first use, shared by samplers)."""
+    with _records_lock:
+        r = _records.get(g)
+        if r is None:
+            r = _records[g] = Records(g)
+            log.info("sampling kernel: %.1f MB of packed records for %r", r.nbytes() / 2**20, g)
+        return r
+
+
+class Kernel:
+    """Tensor-level wrapper of the compiled kernel (one sampling hop or block)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.lib = lib
+        self.path = path
+
+    def _count(self, r: Records, nodes: Tensor, ts: Tensor, hint: Optional[Tensor], k: int, uniform: bool,
+               threads: int):
+        D = nodes.numel()
+        scratch = torch.empty(3 * D + 1, dtype=torch.long)
+        first, avail, off = scratch[:D], scratch[D:2 * D], scratch[2 * D:]
+        M = self.lib.tgl_count(r.indptr.data_ptr(), r.num_nodes, r.ts.data_ptr(), nodes.data_ptr(),
+                               ts.data_ptr(), None if hint is None else hint.data_ptr(),
+                               r.node_hint.data_ptr() if hint is None else None, D, k, int(uniform),
+                               first.data_ptr(), avail.data_ptr(), off.data_ptr(), threads)
+        return first, avail, off, int(M)
+
+    def _fill(self, r: Records, nodes, ts, k, uniform, salt, cnt, threads, nbr, ets, eid, dt,
+              hint=None, src=None, src_base=0, dst=None, dst_base=0) -> None:
+        first, avail, off, _ = cnt
+        ptr = lambda x: None if x is None else x.data_ptr()  # noqa: E731
+        rc = self.lib.tgl_fill(r.rec.data_ptr(), nodes.data_ptr(), ts.data_ptr(), nodes.numel(), k,
+                               int(uniform), salt, first.data_ptr(), avail.data_ptr(), off.data_ptr(),
+                               nbr.data_ptr(), ets.data_ptr(), eid.data_ptr(), ptr(dt), ptr(hint), ptr(src),
+                               src_base, ptr(dst), dst_base, threads)
+        if rc != 0:
+            raise MemoryError("sampling kernel: out of memory for its scratch space")
+
+    def hop(self, g, nodes: Tensor, ts: Tensor, k: int, uniform: bool, salt: int, threads: int
+            ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """One hop, flat: ``(row, nbr, eid, ts, dt)`` ``[M]`` each (row indexes ``nodes``)."""
+        r = records(g)
+        nodes, ts = nodes.contiguous(), ts.contiguous()
+        cnt = self._count(r, nodes, ts, None, k, uniform, threads)
+        M = cnt[3]
+        row, nbr, eid = (torch.empty(M, dtype=torch.long) for _ in range(3))
+        ets, dt = torch.empty(M, dtype=torch.float64), torch.empty(M, dtype=torch.float32)
+        self._fill(r, nodes, ts, k, uniform, salt, cnt, threads, nbr, ets, eid, dt, dst=row)
+        return row, nbr, eid, ets, dt
+
+    def block(self, g, dst_id: Tensor, dst_ts: Tensor, k: int, uniform: bool, salt: int, threads: int,
+              prev: Optional[tuple] = None, hint: Optional[Tensor] = None, want_hint: bool = False
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """One block written in place: ``(src_id, src_ts, edge_index, eid, dt, src_hint)``.
+
+        ``src_id``/``src_ts`` ``[D + M]`` start with the destinations; ``edge_index``
+        ``[2, M]``; ``eid`` ``[M]``; ``dt`` ``[M]`` float32. ``hint`` ``[D]`` (or None):
+        search hints of the destinations; ``src_hint`` ``[D + M]`` (when ``want_hint``):
+        those of the sources, for the next block.
+
+        ``prev``: the previous block's ``(P, *its return value)`` (the block next to the
+        roots) when its ``P`` destinations, the first ``P`` here, were sampled with the
+        same ``k``: their edges are copied from it instead of sampled again.
+        """
+        r = records(g)
+        dst_id, dst_ts = dst_id.contiguous(), dst_ts.contiguous()
+        D = dst_id.numel()
+        P = 0 if prev is None else prev[0]
+        nodes, ts = dst_id[P:], dst_ts[P:]
+        cnt = self._count(r, nodes, ts, None if hint is None else hint[P:], k, uniform, threads)
+        Mp = 0 if prev is None else prev[4].numel()
+        M = Mp + cnt[3]
+        src_id, src_ts = torch.empty(D + M, dtype=torch.long), torch.empty(D + M, dtype=torch.float64)
+        edge_index, eid = torch.empty(2, M, dtype=torch.long), torch.empty(M, dtype=torch.long)
+        dt = torch.empty(M, dtype=torch.float32)
+        src_hint = torch.empty(D + M, dtype=torch.long) if want_hint else None
+        src_id[:D] = dst_id
+        src_ts[:D] = dst_ts
+        if src_hint is not None:
+            src_hint[:D] = -1 if hint is None else hint
+        if prev is not None:
+            _, p_id, p_ts, p_ei, p_eid, p_dt, p_hint = prev
+            src_id[D:D + Mp] = p_id[P:]
+            src_ts[D:D + Mp] = p_ts[P:]
+            torch.arange(D, D + Mp, out=edge_index[0, :Mp])
+            edge_index[1, :Mp] = p_ei[1]
+            eid[:Mp] = p_eid
+            dt[:Mp] = p_dt
+            if src_hint is not None:
+                src_hint[D:D + Mp] = -1 if p_hint is None else p_hint[P:]
+        self._fill(r, nodes, ts, k, uniform, salt, cnt, threads, src_id[D + Mp:], src_ts[D + Mp:],
+                   eid[Mp:], dt[Mp:], hint=None if src_hint is None else src_hint[D + Mp:],
+                   src=edge_index[0, Mp:], src_base=D + Mp, dst=edge_index[1, Mp:], dst_base=P)
+        return src_id, src_ts, edge_index, eid, dt, src_hint
+
+
+_lock = threading.Lock()
+_kernel: Optional[Kernel] = None
+_error: Optional[str] = None
+_warned = False
+
+
+def try_build(cc: Optional[Sequence[str]] = None, directory: Optional[Path] = None) -> Kernel:
+    """Build (or reuse from the cache) and load the kernel; raises with the reason when it cannot."""
+    cc = compiler() if cc is None else cc
+    if not cc:
+        raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
+    directory = cache_dir() if directory is None else Path(directory)
+    try:
+        path = build(cc, directory)
+    except OSError:  # cache not writable (read-only home, ...): build in the temp dir
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        path = build(cc, Path(tempfile.gettempdir()) / f"tgl_dist-{uid}")
+    return Kernel(load(path), path)
+
+
+def load_kernel() -> Kernel:
+    """The process's kernel, built on the first call; raises ``RuntimeError`` with the reason
+    when it cannot be built (the outcome is remembered: one build attempt per process)."""
+    global _kernel, _error
+    if os.environ.get("TGL_DIST_NO_KERNEL", "0") not in ("", "0"):
+        raise RuntimeError("the compiled kernel is disabled by TGL_DIST_NO_KERNEL")
+    with _lock:
+        if _kernel is None and _error is None:
+            try:
+                _kernel = try_build()
+                log.debug("sampling kernel: %s", _kernel.path)
+            except Exception as e:  # noqa: BLE001 - any failure means: no kernel
+                _error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if _kernel is None:
+            raise RuntimeError(_error)
+        return _kernel
+
+
+def get_kernel() -> Optional[Kernel]:
+    """The compiled kernel, or ``None`` when it cannot be built: then ONE warning per process
+    says why and how to fix it (none when ``TGL_DIST_NO_KERNEL=1`` asked for the torch path)."""
+    global _warned
+    try:
+        return load_kernel()
+    except RuntimeError as e:
+        if os.environ.get("TGL_DIST_NO_KERNEL", "0") in ("", "0") and not _warned:
+            _warned = True
+            log.warning("tgl_dist: the compiled sampling kernel is unavailable (%s); NeighborSampler "
+                        "falls back to its pure-torch path (same samples, several times slower). "
+                        "To fix: install a C compiler (e.g. `apt install gcc`, or Xcode's command line "
+                        "tools) or set CC to one; set TGL_DIST_NO_KERNEL=1 to use the torch path "
+                        "without this warning.", e)
+        return None

@@ -1,0 +1,285 @@
+/* Temporal neighbour sampling kernel of tgl_dist: plain C99 + pthreads, no torch headers.
+ *
+ * Built on first use by tgl_dist/sampling/_ckernel.py (`cc -O3 -shared -fPIC -pthread`,
+ * well under a second) and called through ctypes on tensors' data pointers. It returns
+ * exactly what the pure-torch path of tgl_dist/sampling/neighbor.py returns:
+ *
+ *   - candidates of destination r (node nodes[r] queried at q[r]) are the node's T-CSR
+ *     rows [indptr[n], pos) with pos the first row whose time is >= q[r] (strictly earlier);
+ *   - recent: the last min(k, a) candidates (a = number of candidates);
+ *   - uniform: all candidates when a <= k, else k distinct offsets by Floyd's algorithm
+ *     with the SplitMix64 counter-based draws of tgl_dist/sampling/hashing.py, sorted.
+ *
+ * Two passes, so that the caller allocates outputs of the exact size in between:
+ *   tgl_count: per destination its first row, candidate count and sample count, then the
+ *              exclusive prefix sum of the sample counts (offsets [D + 1]); returns M.
+ *   tgl_fill:  writes every sampled edge at its offset.
+ * Both split the destinations over `threads` pthreads (no spin-waiting pool: threads are
+ * started per pass and only when there is enough work to pay for them).
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GOLDEN 0x9E3779B97F4A7C15ULL
+#define MAX_THREADS 64
+
+static inline uint64_t mix64(uint64_t x) {
+  x ^= x >> 30; x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27; x *= 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+typedef struct {
+  /* graph: T-CSR row pointers and times, and per row {nbr, eid, time bits, twin} */
+  const int64_t *indptr; const double *ts; const int64_t *rec; int64_t num_nodes;
+  /* destinations (hint: a row of the node's list near the answer, or -1; may be NULL) */
+  const int64_t *nodes; const double *q; const int64_t *hint; int64_t k; int uniform; uint64_t salt;
+  int64_t *node_hint;  /* [num_nodes] or NULL: per node, a row near its last answer */
+  /* scratch [D] and offsets [D + 1] */
+  int64_t *first; int64_t *avail; int64_t *off;
+  /* outputs, item m of this call at index m (o_dt, o_hint, o_src, o_dst: NULL = not wanted) */
+  int64_t *o_nbr; double *o_ts; int64_t *o_eid; float *o_dt; int64_t *o_hint;
+  int64_t *o_src; int64_t src_base;  /* o_src[m] = src_base + m (edge_index row 0) */
+  int64_t *o_dst; int64_t dst_base;  /* o_dst[m] = dst_base + r (edge_index row 1 / row) */
+  volatile int err;                  /* set when a scratch allocation fails */
+} job_t;
+
+/* Work sharing: threads take chunks of `grain` destinations from a shared counter until
+ * none is left, so a thread the OS preempts (on a busy machine) delays the others by one
+ * chunk at most, not by a fixed half of the work. */
+typedef struct {
+  const job_t *job; void (*fn)(const job_t *, int64_t, int64_t);
+  int64_t n, grain, next;  /* next: atomic */
+} pool_t;
+
+static void *work(void *p) {
+  pool_t *w = (pool_t *)p;
+  for (;;) {
+    const int64_t b = __atomic_fetch_add(&w->next, w->grain, __ATOMIC_RELAXED);
+    if (b >= w->n) break;
+    w->fn(w->job, b, b + w->grain < w->n ? b + w->grain : w->n);
+  }
+  return NULL;
+}
+
+/* Run fn over [0, n) on up to `threads` threads (the caller's included); threads are
+ * started only when there are at least two chunks. */
+static void parallel(const job_t *job, int64_t n, int threads, int64_t grain,
+                     void (*fn)(const job_t *, int64_t, int64_t)) {
+  int64_t T = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
+  const int64_t chunks = (n + grain - 1) / grain;
+  if (T > chunks) T = chunks;
+  if (T <= 1) { if (n > 0) fn(job, 0, n); return; }
+  pool_t w = {job, fn, n, grain, 0};
+  pthread_t th[MAX_THREADS];
+  int started[MAX_THREADS];
+  for (int64_t i = 1; i < T; ++i) started[i] = pthread_create(&th[i], NULL, work, &w) == 0;
+  work(&w);  /* the caller works too, and finishes everything if no thread could start */
+  for (int64_t i = 1; i < T; ++i) if (started[i]) pthread_join(th[i], NULL);
+}
+
+/* First row in [lo, hi) with time >= q (hi if none). */
+static inline int64_t lower_bound(const double *ts, int64_t lo, int64_t hi, double q) {
+  while (lo < hi) {
+    const int64_t mid = lo + ((hi - lo) >> 1);
+    if (ts[mid] < q) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+/* The same answer as lower_bound(ts, s, e, q), searched outwards from a hint row h in
+ * [s, e] (galloping): a few probes when the answer is near h. For a sampled neighbour
+ * queried at the time of the event it was reached by, h is that event's row in the
+ * neighbour's own list (its twin), so the answer is h or a few same-time rows before. */
+static inline int64_t lower_bound_from(const double *ts, int64_t s, int64_t e, double q, int64_t h) {
+  int64_t lo, hi, step = 1;
+  if (h < e && ts[h] < q) {  /* answer in (h, e] */
+    lo = h + 1;
+    for (;;) {
+      const int64_t p = lo + step - 1;
+      if (p >= e) { hi = e; break; }
+      if (ts[p] >= q) { hi = p; break; }
+      lo = p + 1; step <<= 1;
+    }
+  } else {  /* answer in [s, h] */
+    hi = h;
+    for (;;) {
+      const int64_t p = hi - step;
+      if (p < s) { lo = s; break; }
+      if (ts[p] < q) { lo = p + 1; break; }
+      hi = p; step <<= 1;
+    }
+  }
+  return lower_bound(ts, lo, hi, q);
+}
+
+static inline void count_one(const job_t *j, int64_t r, int64_t s, int64_t pos) {
+  const int64_t a = pos - s, c = a < j->k ? a : j->k;
+  j->avail[r] = a;
+  j->off[r + 1] = c;
+  j->first[r] = j->uniform ? s : pos - c;
+}
+
+/* Without hints: the binary searches of G destinations run in lockstep (branch-free
+ * steps), so their cache misses overlap instead of queueing one behind the other. */
+#define G 16
+static void count_range(const job_t *j, int64_t b, int64_t e) {
+  const int64_t *restrict indptr = j->indptr, *restrict nodes = j->nodes, *restrict hint = j->hint;
+  const double *restrict ts = j->ts, *restrict q = j->q;
+  const int64_t last = indptr[j->num_nodes] - 1;
+  if (hint) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t n = nodes[r], s = indptr[n], end = indptr[n + 1], h = hint[r];
+      count_one(j, r, s, h >= s && h <= end ? lower_bound_from(ts, s, end, q[r], h)
+                                            : lower_bound(ts, s, end, q[r]));
+    }
+    return;
+  }
+  if (j->node_hint) {  /* per node: the answer of its last search (benign races: any row works) */
+    int64_t *nh = j->node_hint;
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t n = nodes[r], s = indptr[n], end = indptr[n + 1];
+      const int64_t h = __atomic_load_n(&nh[n], __ATOMIC_RELAXED);
+      const int64_t pos = h >= s && h <= end ? lower_bound_from(ts, s, end, q[r], h)
+                                             : lower_bound(ts, s, end, q[r]);
+      if (pos != h) __atomic_store_n(&nh[n], pos, __ATOMIC_RELAXED);
+      count_one(j, r, s, pos);
+    }
+    return;
+  }
+  for (int64_t r0 = b; r0 < e; r0 += G) {
+    const int64_t g = e - r0 < G ? e - r0 : G;
+    int64_t s[G], lo[G], len[G], most = 0;
+    double qq[G];
+    for (int64_t i = 0; i < g; ++i) {
+      const int64_t n = nodes[r0 + i];
+      s[i] = lo[i] = indptr[n];
+      len[i] = indptr[n + 1] - s[i];
+      qq[i] = q[r0 + i];
+      most = len[i] > most ? len[i] : most;
+    }
+    while (most > 0) {  /* invariant: the answer lies in [lo, lo + len] */
+      most = 0;
+      for (int64_t i = 0; i < g; ++i) {
+        const int64_t half = len[i] >> 1, at = lo[i] + half;
+        const int lt = (len[i] > 0) & (ts[at < last ? at : last] < qq[i]);
+        lo[i] = lt ? at + 1 : lo[i];
+        len[i] = lt ? len[i] - half - 1 : half;
+        most = len[i] > most ? len[i] : most;
+      }
+    }
+    for (int64_t i = 0; i < g; ++i) count_one(j, r0 + i, s[i], lo[i]);
+  }
+}
+
+/* Floyd's algorithm: k distinct offsets in [0, a) (a > k) from the counter-based draws
+ * of `base`, written sorted as rows f + offset to out[0..k). */
+static inline __attribute__((always_inline)) void floyd(uint64_t base, int64_t a, int64_t k,
+                                                         int64_t *restrict pick, int64_t *restrict out,
+                                                         int64_t f) {
+  for (int64_t x = 0; x < k; ++x) {
+    const int64_t i = a - k + x;
+    int64_t v = (int64_t)((mix64(base + (uint64_t)(x + 1) * GOLDEN) >> 1) % (uint64_t)(i + 1));
+    int dup = 0;
+    for (int64_t y = 0; y < x; ++y) dup |= pick[y] == v;
+    pick[x] = dup ? i : v;
+  }
+  for (int64_t x = 0; x < k; ++x) {  /* sort the distinct picks: rank = #smaller (branch-free) */
+    int64_t rank = 0;
+    for (int64_t y = 0; y < k; ++y) rank += pick[y] < pick[x];
+    out[rank] = f + pick[x];
+  }
+}
+
+/* Edge m of destination r is T-CSR row ev: one 32-byte record read, every output written. */
+#define EMIT(m, ev, r) do {                                                   \
+    const int64_t m_ = (m), *restrict x_ = rec + 4 * (ev);                   \
+    double t_;                                                                \
+    memcpy(&t_, &x_[2], 8);                                                   \
+    o_nbr[m_] = x_[0]; o_eid[m_] = x_[1]; o_ts[m_] = t_;                      \
+    if (o_dt) o_dt[m_] = (float)(q[r] - t_);                                  \
+    if (o_hint) o_hint[m_] = x_[3];                                           \
+    if (o_src) o_src[m_] = src_base + m_;                                     \
+    if (o_dst) o_dst[m_] = dst_base + (r);                                    \
+  } while (0)
+
+/* Per chunk of destinations: first the k rows of every uniform draw (parked in o_eid),
+ * then the gathers from those rows, which are independent loads that overlap. */
+#define CHUNK 256
+static void fill_range(const job_t *j, int64_t b, int64_t e) {
+  const int64_t k = j->k;
+  const double *restrict q = j->q;
+  const int64_t *restrict rec = j->rec, *restrict nodes = j->nodes;
+  const int64_t *restrict off = j->off, *restrict avail = j->avail, *restrict first = j->first;
+  int64_t *restrict o_nbr = j->o_nbr, *restrict o_eid = j->o_eid, *restrict o_hint = j->o_hint;
+  int64_t *restrict o_src = j->o_src, *restrict o_dst = j->o_dst;
+  double *restrict o_ts = j->o_ts;
+  float *restrict o_dt = j->o_dt;
+  const int64_t src_base = j->src_base, dst_base = j->dst_base;
+  const int uniform = j->uniform;
+  const uint64_t h0 = mix64(j->salt + GOLDEN);
+  int64_t stack_pick[64];
+  int64_t *pick = k <= 64 ? stack_pick : (int64_t *)malloc((size_t)k * sizeof(int64_t));
+  if (pick == NULL) { ((job_t *)j)->err = 1; return; }
+  for (int64_t c0 = b; c0 < e; c0 += CHUNK) {
+    const int64_t c1 = e - c0 < CHUNK ? e : c0 + CHUNK;
+    for (int64_t r = c0; r < c1; ++r) {  /* phase 1: draws; contiguous rows are written at once */
+      const int64_t o = off[r], c = off[r + 1] - o, a = avail[r], f = first[r];
+      if (uniform && a > k) {
+        uint64_t tb;
+        memcpy(&tb, &q[r], 8);
+        const uint64_t base = mix64((mix64((h0 ^ (uint64_t)nodes[r]) + GOLDEN) ^ tb) + GOLDEN);
+        if (k == 10) floyd(base, a, 10, pick, o_eid + o, f);  /* constant k: unrolled loops */
+        else floyd(base, a, k, pick, o_eid + o, f);
+      } else {
+        for (int64_t x = 0; x < c; ++x) EMIT(o + x, f + x, r);
+      }
+    }
+    for (int64_t r = c0; r < c1; ++r)  /* phase 2: gathers of the drawn rows (independent loads) */
+      if (uniform && avail[r] > k)
+        for (int64_t m = off[r]; m < off[r + 1]; ++m) EMIT(m, o_eid[m], r);
+  }
+  if (pick != stack_pick) free(pick);
+}
+
+/* Pass 1. hint: [D] or NULL (search hints per destination); node_hint: [num_nodes] or NULL
+ * (read and updated: per node, its last answer; used when hint is NULL); first, avail: [D]
+ * scratch; off: [D + 1] (off[r] = first output index of r). Returns M = off[D]. */
+int64_t tgl_count(const int64_t *indptr, int64_t num_nodes, const double *ts, const int64_t *nodes,
+                  const double *q, const int64_t *hint, int64_t *node_hint, int64_t D, int64_t k,
+                  int uniform, int64_t *first, int64_t *avail, int64_t *off, int threads) {
+  job_t j;
+  memset(&j, 0, sizeof j);
+  j.indptr = indptr; j.num_nodes = num_nodes; j.ts = ts; j.nodes = nodes; j.q = q; j.hint = hint;
+  j.node_hint = node_hint;
+  j.k = k; j.uniform = uniform; j.first = first; j.avail = avail; j.off = off;
+  if (indptr[num_nodes] == 0) {  /* no events at all */
+    for (int64_t r = 0; r < D; ++r) { avail[r] = 0; off[r + 1] = 0; first[r] = 0; }
+  } else {
+    parallel(&j, D, threads, 2048, count_range);
+  }
+  off[0] = 0;
+  for (int64_t r = 0; r < D; ++r) off[r + 1] += off[r];
+  return off[D];
+}
+
+/* Pass 2: writes the M sampled edges (o_dt, o_hint, o_src, o_dst may be NULL); rec: [2E, 4]
+ * rows {nbr, eid, time bits, twin row}. Returns 0 on success. */
+int tgl_fill(const int64_t *rec, const int64_t *nodes, const double *q, int64_t D, int64_t k,
+             int uniform, int64_t salt, const int64_t *first, const int64_t *avail, const int64_t *off,
+             int64_t *o_nbr, double *o_ts, int64_t *o_eid, float *o_dt, int64_t *o_hint,
+             int64_t *o_src, int64_t src_base, int64_t *o_dst, int64_t dst_base, int threads) {
+  job_t j;
+  memset(&j, 0, sizeof j);
+  j.rec = rec; j.nodes = nodes; j.q = q; j.k = k; j.uniform = uniform; j.salt = (uint64_t)salt;
+  j.first = (int64_t *)first; j.avail = (int64_t *)avail; j.off = (int64_t *)off;
+  j.o_nbr = o_nbr; j.o_ts = o_ts; j.o_eid = o_eid; j.o_dt = o_dt; j.o_hint = o_hint;
+  j.o_src = o_src; j.src_base = src_base; j.o_dst = o_dst; j.dst_base = dst_base;
+  parallel(&j, D, threads, j.uniform ? 256 : 2048, fill_range);
+  return j.err ? -1 : 0;
+}
+
+/* Version tag checked by the loader (bump when the signatures above change). */
+int64_t tgl_abi(void) { return 4; }
