@@ -17,7 +17,9 @@
  * Both split the destinations over `threads` pthreads (no spin-waiting pool: threads are
  * started per pass and only when there is enough work to pay for them).
  */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,36 +50,57 @@ typedef struct {
 
 /* Work sharing: threads take chunks of `grain` destinations from a shared counter until
  * none is left, so a thread the OS preempts (on a busy machine) delays the others by one
- * chunk at most, not by a fixed half of the work. */
+ * chunk at most, not by a fixed half of the work. Helper threads are detached and the
+ * caller waits only for chunks that were taken, not for helpers that never got a CPU:
+ * a late helper finds no work and frees the shared state if it is the last user. */
 typedef struct {
   const job_t *job; void (*fn)(const job_t *, int64_t, int64_t);
-  int64_t n, grain, next;  /* next: atomic */
+  int64_t n, grain;
+  int64_t next, done, refs;  /* atomics */
 } pool_t;
 
-static void *work(void *p) {
-  pool_t *w = (pool_t *)p;
+static void release(pool_t *w) {
+  if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL) == 0) free(w);
+}
+
+static void take_chunks(pool_t *w) {
   for (;;) {
     const int64_t b = __atomic_fetch_add(&w->next, w->grain, __ATOMIC_RELAXED);
     if (b >= w->n) break;
-    w->fn(w->job, b, b + w->grain < w->n ? b + w->grain : w->n);
+    const int64_t e = b + w->grain < w->n ? b + w->grain : w->n;
+    w->fn(w->job, b, e);
+    __atomic_add_fetch(&w->done, e - b, __ATOMIC_RELEASE);
   }
+}
+
+static void *helper(void *p) {
+  take_chunks((pool_t *)p);
+  release((pool_t *)p);
   return NULL;
 }
 
-/* Run fn over [0, n) on up to `threads` threads (the caller's included); threads are
+/* Run fn over [0, n) on up to `threads` threads (the caller's included); helpers are
  * started only when there are at least two chunks. */
 static void parallel(const job_t *job, int64_t n, int threads, int64_t grain,
                      void (*fn)(const job_t *, int64_t, int64_t)) {
   int64_t T = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
   const int64_t chunks = (n + grain - 1) / grain;
   if (T > chunks) T = chunks;
-  if (T <= 1) { if (n > 0) fn(job, 0, n); return; }
-  pool_t w = {job, fn, n, grain, 0};
-  pthread_t th[MAX_THREADS];
-  int started[MAX_THREADS];
-  for (int64_t i = 1; i < T; ++i) started[i] = pthread_create(&th[i], NULL, work, &w) == 0;
-  work(&w);  /* the caller works too, and finishes everything if no thread could start */
-  for (int64_t i = 1; i < T; ++i) if (started[i]) pthread_join(th[i], NULL);
+  pool_t *w = T > 1 ? (pool_t *)malloc(sizeof(pool_t)) : NULL;
+  if (w == NULL) { if (n > 0) fn(job, 0, n); return; }
+  w->job = job; w->fn = fn; w->n = n; w->grain = grain; w->next = 0; w->done = 0; w->refs = 1;
+  pthread_attr_t attr;
+  const int attr_ok = pthread_attr_init(&attr) == 0 &&
+                      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0;
+  for (int64_t i = 1; attr_ok && i < T; ++i) {
+    pthread_t th;
+    __atomic_add_fetch(&w->refs, 1, __ATOMIC_RELAXED);
+    if (pthread_create(&th, &attr, helper, w) != 0) { __atomic_sub_fetch(&w->refs, 1, __ATOMIC_RELAXED); break; }
+  }
+  if (attr_ok) pthread_attr_destroy(&attr);
+  take_chunks(w);  /* the caller works too, and does everything if no helper started */
+  while (__atomic_load_n(&w->done, __ATOMIC_ACQUIRE) < n) sched_yield();  /* chunks in progress */
+  release(w);
 }
 
 /* First row in [lo, hi) with time >= q (hi if none). */
