@@ -117,7 +117,7 @@ def _checkpointing(args, ctx, trainer, info, every) -> RunCheckpoint:
                 "args": {k: v for k, v in vars(args).items()
                          if k not in ("epochs", "checkpoint_dir", "checkpoint_every", "resume",
                                       "checkpoint_keep_every", "log_level", "timeout", "root",
-                                      "parts")}}
+                                      "parts", "data", "threads")}}  # data: in the partition
     ck = RunCheckpoint(args.checkpoint_dir, every, run_meta=run_meta, resume=args.resume,
                        keep_every=args.checkpoint_keep_every, group=ctx.get_default_group())
     saved = ck.load() if ck.enabled else None

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ckcompare import checkpoint_diff
 
@@ -69,14 +70,18 @@ def test_one_process_resume_to_more_epochs_and_mid_epoch_is_bitwise(full_run):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_max_restarts_resumes_bitwise_two_processes(tmp_path):
-    """2 ranks; rank 1 is SIGKILLed once mid-epoch; torchrun restarts both with --resume."""
+    """2 ranks; rank 1 is SIGKILLed once mid-epoch; torchrun restarts both with --resume.
+
+    TGN with a sharded node-embedding table (configs/TGN-embedding.yml): each rank's
+    memory, mailbox, embedding rows and sparse Adam rows must come back exactly."""
     port = 29700 + os.getpid() % 200
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    full = _run([*base, "--master_port", str(port), str(TGN), *TINY, "--parts",
+    cfg = ["--config", str(REPO / "configs" / "TGN-embedding.yml")]
+    full = _run([*base, "--master_port", str(port), str(TGN), *TINY, *cfg, "--parts",
                  str(tmp_path / "parts"), "--checkpoint-dir", str(tmp_path / "ck"),
                  "--epochs", "2", "--checkpoint-every", "3"], tmp_path)
     marker = tmp_path / "fault-done"
-    res = _run([*base, "--max-restarts=1", "--master_port", str(port + 1), str(TGN), *TINY,
+    res = _run([*base, "--max-restarts=1", "--master_port", str(port + 1), str(TGN), *TINY, *cfg,
                 "--parts", str(tmp_path / "parts"), "--checkpoint-dir", str(tmp_path / "part"),
                 "--epochs", "2", "--checkpoint-every", "3", "--resume"], tmp_path,
                fault=f"rank=1,epoch=1,step=2,action=kill,once={marker}")
@@ -84,6 +89,8 @@ def test_torchrun_max_restarts_resumes_bitwise_two_processes(tmp_path):
     assert checkpoint_diff(tmp_path / "ck", tmp_path / "part") == []
     assert {k: res[k] for k in METRICS} == {k: full[k] for k in METRICS}
     assert res["world_size"] == 2
+    shard = torch.load(next((tmp_path / "part").glob("v*/shard_1.pt")), weights_only=False)
+    assert "node_embedding.weight" in shard["model"][0] and shard["optim"] is not None
 
 
 DTDG = REPO / "examples" / "dtdg"

@@ -137,6 +137,11 @@ class RunCheckpoint:
                     if path is not None else None)
         if resume and self.mgr is None:
             raise TGLDistError("--resume needs --checkpoint-dir")
+        if self.mgr is not None and not resume and self.rank == 0:
+            v = self.mgr.committed_version()
+            if v is not None:
+                log.warning("%s holds a committed run (version %d); this NEW run will replace it "
+                            "(pass --resume to continue it instead)", self.mgr.path, v)
         self.where: Tuple[int, str, int] = (-1, "setup", 0)
         self.phase = "step"
         self.last_version: Optional[int] = None
