@@ -52,8 +52,8 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist import DistributedContext  # noqa: E402
-from tgl_dist.checkpoint import (Every, RunCheckpoint, capture, config_dict,  # noqa: E402
-                                 partition_identity, restore)
+from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint, capture,  # noqa: E402
+                                 config_dict, partition_identity, restore)
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
 from tgl_dist.errors import PeerFailureError, TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
@@ -329,4 +329,6 @@ if __name__ == "__main__":
         main()
     except PeerFailureError as e:  # the peer's own error is in its log; this rank says where
         log.error("%s", e)
+        raise SystemExit(f"error: {e}") from None
+    except CheckpointError as e:  # --resume from another run shape, a corrupt file...
         raise SystemExit(f"error: {e}") from None

@@ -19,7 +19,8 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist import DistributedContext  # noqa: E402
-from tgl_dist.checkpoint import Every, RunCheckpoint, partition_identity  # noqa: E402
+from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint,  # noqa: E402
+                                 partition_identity)
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
@@ -108,6 +109,8 @@ def run(doc: str, task: str, **defaults) -> dict:
         return _run(doc, task, **defaults)
     except PeerFailureError as e:  # the peer's own error is in its log; this rank says where
         log.error("%s", e)
+        raise SystemExit(f"error: {e}") from None
+    except CheckpointError as e:  # --resume from another run shape, a corrupt file...
         raise SystemExit(f"error: {e}") from None
 
 

@@ -99,3 +99,26 @@ def _two_rank_ckpt(path):
 def test_two_ranks_each_get_their_shard(tmp_path):
     out = run_distributed(_two_rank_ckpt, 2, str(tmp_path / "ck"))
     assert out == [([1.0, 1.0], [0, 0]), ([1.0, 1.0], [1, 1])]
+
+
+def test_refuses_corrupt_manifest_and_missing_or_truncated_dense(tmp_path):
+    ck = tmp_path / "ck"
+    CheckpointManager(ck).save({"w": torch.ones(1000)}, {"m": torch.ones(10)}, {"step": 1})
+    d = ck / "v000001"
+    dense = (d / "dense.pt").read_bytes()
+    (d / "dense.pt").write_bytes(dense[:-10])
+    with pytest.raises(CheckpointError, match="dense.pt: truncated"):
+        CheckpointManager(ck).load()
+    (d / "dense.pt").unlink()
+    with pytest.raises(CheckpointError, match="dense.pt: missing"):
+        CheckpointManager(ck).load()
+    (d / "dense.pt").write_bytes(dense)
+    (d / "manifest_0.json").write_text('{"format_version": 1, "files": ')
+    with pytest.raises(CheckpointError, match="manifest_0.json: corrupt manifest"):
+        CheckpointManager(ck).load()
+    (d / "manifest_0.json").write_text(json.dumps({"format_version": 99}))
+    with pytest.raises(CheckpointError, match="format_version 99 is not supported"):
+        CheckpointManager(ck).load()
+    (ck / "VERSION").write_text("garbage")
+    with pytest.raises(CheckpointError, match="expected a version number"):
+        CheckpointManager(ck).load()

@@ -60,6 +60,15 @@ def _save(path: Path, obj: Any) -> Dict[str, Any]:
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
+def _first_difference(a: Any, b: Any, path: str) -> Tuple[str, Any, Any]:
+    """``(path, a's value, b's value)`` of the first place where two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k, "<absent>") != b.get(k, "<absent>"):
+                return _first_difference(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{path}.{k}")
+    return path, a, b
+
+
 def rng_state() -> Dict[str, Any]:
     """The global random states (Python, NumPy, torch CPU and CUDA)."""
     s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -188,9 +197,11 @@ class CheckpointManager:
                 f"resume with --nproc_per_node={m0['world_size']} (shards belong to partitions)")
         for key, val in self.run_meta.items():
             saved = m0["run_meta"].get(key)
-            if json.loads(json.dumps(val, default=str)) != saved:
-                raise CheckpointError(f"{d}: run_meta['{key}'] differs from this run "
-                                      f"(checkpoint {str(saved)[:80]!r}, now {str(val)[:80]!r})")
+            now = json.loads(json.dumps(val, default=str))
+            if now != saved:
+                where, a, b = _first_difference(saved, now, key)
+                raise CheckpointError(f"{d}: run_meta['{key}'] differs from this run at {where}: "
+                                      f"checkpoint {str(a)[:80]!r}, now {str(b)[:80]!r}")
         dense = self._read(d, "dense.pt", m0, map_location)
         shard = self._read(d, f"shard_{self.rank}.pt", mine, map_location)
         return dense, shard, m0["meta"]
