@@ -136,11 +136,11 @@ def _checkpointing(args, ctx, trainer, info, every) -> RunCheckpoint:
             ck.save(*tr.checkpoint_state())
 
     def on_epoch_end(tr, epoch, rec):
-        ck.at(epoch, "dev", len(tr.splitter.dev))
         if ck.epoch_due(epoch, last=tr.stopped or epoch == tr.epochs - 1):
             ck.save(*tr.checkpoint_state())
     trainer.step_hooks.append(on_step)
     trainer.hooks.append(on_epoch_end)
+    trainer.eval_hooks.append(lambda tr, epoch, split: ck.at(epoch, split, -1))
     return ck
 
 

@@ -185,8 +185,8 @@ class RunCheckpoint:
 
     # ------------------------------------------------------------- position
     def at(self, epoch: int, split: str, step: int) -> None:
-        """Record that ``step`` steps of ``split`` in ``epoch`` are done (and run the
-        fault-injection hook)."""
+        """Record that ``step`` steps of ``split`` in ``epoch`` are done (``-1``: the
+        split started, steps not counted) and run the fault-injection hook."""
         self.where = (int(epoch), split, int(step))
         maybe_inject_fault(self.rank, int(epoch), split, int(step))
 
@@ -194,6 +194,8 @@ class RunCheckpoint:
         epoch, split, step = self.where
         if split == "setup":
             return "during setup (before the first step)"
+        if step < 0:  # a phase without step numbers (e.g. a DTDG evaluation)
+            return f"at epoch {epoch}, during split {split}"
         if self.phase == "checkpoint save":
             return f"at epoch {epoch}, split {split}, writing the checkpoint after step {step}"
         return f"at epoch {epoch}, split {split}, step {step + 1} ({step} steps of it done)"

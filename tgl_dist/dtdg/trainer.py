@@ -64,6 +64,8 @@ class Trainer:
             each epoch (e.g. checkpointing: ``trainer.checkpoint_state()``).
         on_step: hooks ``hook(trainer, epoch, windows_done)`` called on every rank after
             every training window's optimiser step (e.g. step checkpoints).
+        on_evaluate: hooks ``hook(trainer, epoch, split)`` called on every rank when the
+            evaluation of a split starts (e.g. to track the run's position).
         progress: show a tqdm bar over epochs on rank 0.
 
     ``fit()`` returns the summary: best epoch, dev and test metrics of the best model
@@ -80,7 +82,9 @@ class Trainer:
     def __init__(self, model: nn.Module, task: nn.Module, splitter, lr: float = 1e-2,
                  weight_decay: float = 0.0, epochs: int = 50, patience: int = 10,
                  on_epoch_end: Optional[List[EpochHook]] = None,
-                 on_step: Optional[List[StepHook]] = None, progress: bool = False) -> None:
+                 on_step: Optional[List[StepHook]] = None,
+                 on_evaluate: Optional[List[Callable[["Trainer", int, str], None]]] = None,
+                 progress: bool = False) -> None:
         self.model, self.task, self.splitter = model, task, splitter
         self.graph = model.graph
         self.group = self.graph.group
@@ -91,6 +95,7 @@ class Trainer:
         self.opt = build_optimizer([model, task], lr=lr, weight_decay=weight_decay)
         self.hooks: List[EpochHook] = list(on_epoch_end or [])
         self.step_hooks: List[StepHook] = list(on_step or [])
+        self.eval_hooks = list(on_evaluate or [])
         self.progress = progress
         self.history: List[Dict] = []
         self.epoch = 0
@@ -134,6 +139,8 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, split: str) -> Dict[str, float]:
         """Metrics of ``split`` (``'train'``, ``'dev'`` or ``'test'``) and of the baseline."""
+        for hook in self.eval_hooks:
+            hook(self, self.epoch, split)
         self.model.eval()
         self.task.eval()
         self.task.reset_metrics()
