@@ -135,3 +135,21 @@ def test_two_ranks_train_like_one_process(tmp_path):
             np.testing.assert_allclose(x["dense"], r["dense"], atol=1e-5, rtol=0, err_msg=str(case))
             for k, v in r["metrics"].items():
                 assert abs(x["metrics"][k] - v) < 1e-5, (case, k, x["metrics"][k], v)
+
+
+@pytest.mark.slow
+def test_node_regression_example_with_embedding(tmp_path, datasets_root):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "examples" / "dtdg" / "train_node_regression.py"
+    out = subprocess.run([sys.executable, str(script), "--data", "pedalme_london", "--root",
+                          str(datasets_root), "--lags", "4", "--hidden-dim", "8",
+                          "--node-embedding", "4", "--parts", str(tmp_path / "parts"),
+                          "--epochs", "1"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads([ln for ln in out.stdout.splitlines() if ln.strip()][-1])
+    assert res["task"] == "node_regression" and res["test_mse"] == res["test_mse"]  # not NaN

@@ -281,3 +281,25 @@ def test_two_ranks_train_like_one_process(tmp_path):
         assert untouched.sum() >= 20
         assert np.array_equal(table1[untouched], w0[untouched])     # never looked up: unchanged
         assert np.abs(table1[~untouched] - w0[~untouched]).max() > 1e-4  # the rest trained
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_train_tgn_example_with_embedding_two_processes(tmp_path):
+    """examples/ctdg/train_tgn.py with configs/TGN-embedding.yml under torchrun (featureless data)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    repo = CONFIGS.parent
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(repo / "examples" / "ctdg" / "train_tgn.py"), "--config", str(EMB_CONFIG),
+           "--partition-algo", "hash", "--parts", str(tmp_path / "parts"), "--num-nodes", "60",
+           "--num-events", "1500", "--batch-size", "100", "--eval-neg", "3", "--epochs", "1",
+           "--no-progress", "--threads", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads([ln for ln in p.stdout.splitlines() if ln.strip()][-1])
+    assert out["model"] == "TGN-embedding" and out["world_size"] == 2
+    assert 0.0 <= out["test_ap"] <= 1.0 and out["epochs"] == 1
