@@ -329,6 +329,9 @@ if __name__ == "__main__":
         main()
     except PeerFailureError as e:  # the peer's own error is in its log; this rank says where
         log.error("%s", e)
-        raise SystemExit(f"error: {e}") from None
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # exit now: tearing the broken process group down at interpreter exit may abort
+        os._exit(1)
     except CheckpointError as e:  # --resume from another run shape, a corrupt file...
         raise SystemExit(f"error: {e}") from None

@@ -2,7 +2,7 @@
 
 The two ranks are started as plain processes with torchrun's environment (torchrun
 itself would kill the survivor as soon as one worker dies, hiding its error). The
-TGL_DIST_FAULT testing hook makes rank 1 SIGKILL itself (or hang) after train step 3
+TGL_DIST_FAULT testing hook makes rank 1 SIGKILL itself (or raise, or hang) after train step 3
 of epoch 0 and writes a marker file at that moment.
 """
 import os
@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("action,timeout", [("kill", 30), ("hang", 4)])
+@pytest.mark.parametrize("action,timeout", [("kill", 30), ("raise", 30), ("hang", 4)])
 def test_peer_failure_stops_the_other_rank_with_the_step(tmp_path, action, timeout):
     marker = tmp_path / "fault-happened"
     port = _free_port()
@@ -47,9 +47,9 @@ def test_peer_failure_stops_the_other_rank_with_the_step(tmp_path, action, timeo
         ended = time.time()
     finally:
         for p in procs:
-            if p.poll() is None:
+            if p.poll() is None and (action == "hang" or p is procs[0]):
                 p.kill()
-            p.communicate()
+            p.stderr_text = p.communicate(timeout=120)[1] if p is procs[1] else ""
     assert marker.is_file(), err0[-2000:]
     assert procs[0].returncode != 0
     assert "rank 0 stopped at epoch 0, split train, step 4 (3 steps of it done)" in err0, err0[-2000:]
@@ -58,3 +58,6 @@ def test_peer_failure_stops_the_other_rank_with_the_step(tmp_path, action, timeo
     assert ended - marker.stat().st_mtime < timeout + 10
     if action == "kill":
         assert procs[1].returncode == -9
+    if action == "raise":  # the failing rank shows its own error
+        assert procs[1].returncode not in (0, None)
+        assert "injected failure on rank 1 at epoch 0, train step 3" in procs[1].stderr_text
