@@ -25,6 +25,11 @@
 #include <string.h>
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch((p), 0, 1)
+#else
+#define PREFETCH(p) ((void)0)
+#endif
 #define MAX_THREADS 64
 
 static inline uint64_t mix64(uint64_t x) {
@@ -154,6 +159,10 @@ static void count_range(const job_t *j, int64_t b, int64_t e) {
   const int64_t last = indptr[j->num_nodes] - 1;
   if (hint) {
     for (int64_t r = b; r < e; ++r) {
+      if (r + 8 < e) {  /* look ahead: the loads of a later destination overlap this one's */
+        PREFETCH(indptr + nodes[r + 8]);
+        if (hint[r + 8] > 0) PREFETCH(ts + hint[r + 8] - 1);
+      }
       const int64_t n = nodes[r], s = indptr[n], end = indptr[n + 1], h = hint[r];
       count_one(j, r, s, h >= s && h <= end ? lower_bound_from(ts, s, end, q[r], h)
                                             : lower_bound(ts, s, end, q[r]));
@@ -163,6 +172,11 @@ static void count_range(const job_t *j, int64_t b, int64_t e) {
   if (j->node_hint) {  /* per node: the answer of its last search (benign races: any row works) */
     int64_t *nh = j->node_hint;
     for (int64_t r = b; r < e; ++r) {
+      if (r + 16 < e) { PREFETCH(indptr + nodes[r + 16]); PREFETCH(nh + nodes[r + 16]); }
+      if (r + 8 < e) {  /* two-stage look-ahead: the hint row's time, once the hint is cached */
+        const int64_t h8 = __atomic_load_n(&nh[nodes[r + 8]], __ATOMIC_RELAXED);
+        if (h8 >= 0) PREFETCH(ts + h8);
+      }
       const int64_t n = nodes[r], s = indptr[n], end = indptr[n + 1];
       const int64_t h = __atomic_load_n(&nh[n], __ATOMIC_RELAXED);
       const int64_t pos = h >= s && h <= end ? lower_bound_from(ts, s, end, q[r], h)
@@ -201,7 +215,7 @@ static void count_range(const job_t *j, int64_t b, int64_t e) {
  * of `base`, written sorted as rows f + offset to out[0..k). */
 static inline __attribute__((always_inline)) void floyd(uint64_t base, int64_t a, int64_t k,
                                                          int64_t *restrict pick, int64_t *restrict out,
-                                                         int64_t f) {
+                                                         int64_t f, const int64_t *rec) {
   for (int64_t x = 0; x < k; ++x) {
     const int64_t i = a - k + x;
     int64_t v = (int64_t)((mix64(base + (uint64_t)(x + 1) * GOLDEN) >> 1) % (uint64_t)(i + 1));
@@ -213,6 +227,7 @@ static inline __attribute__((always_inline)) void floyd(uint64_t base, int64_t a
     int64_t rank = 0;
     for (int64_t y = 0; y < k; ++y) rank += pick[y] < pick[x];
     out[rank] = f + pick[x];
+    PREFETCH(rec + 4 * (f + pick[x]));  /* gathered in phase 2, after other draws */
   }
 }
 
@@ -230,7 +245,7 @@ static inline __attribute__((always_inline)) void floyd(uint64_t base, int64_t a
 
 /* Per chunk of destinations: first the k rows of every uniform draw (parked in o_eid),
  * then the gathers from those rows, which are independent loads that overlap. */
-#define CHUNK 256
+#define CHUNK 64
 static void fill_range(const job_t *j, int64_t b, int64_t e) {
   const int64_t k = j->k;
   const double *restrict q = j->q;
@@ -254,14 +269,15 @@ static void fill_range(const job_t *j, int64_t b, int64_t e) {
         uint64_t tb;
         memcpy(&tb, &q[r], 8);
         const uint64_t base = mix64((mix64((h0 ^ (uint64_t)nodes[r]) + GOLDEN) ^ tb) + GOLDEN);
-        if (k == 10) floyd(base, a, 10, pick, o_eid + o, f);  /* constant k: unrolled loops */
-        else floyd(base, a, k, pick, o_eid + o, f);
-      } else {
-        for (int64_t x = 0; x < c; ++x) EMIT(o + x, f + x, r);
+        if (k == 10) floyd(base, a, 10, pick, o_eid + o, f, rec);  /* constant k: unrolled loops */
+        else floyd(base, a, k, pick, o_eid + o, f, rec);
+      } else {  /* a contiguous range of rows */
+        for (int64_t x = 0; x < c; ++x) o_eid[o + x] = f + x;
+        if (c) { PREFETCH(rec + 4 * f); PREFETCH(rec + 4 * (f + c) - 1); }
       }
     }
-    for (int64_t r = c0; r < c1; ++r)  /* phase 2: gathers of the drawn rows (independent loads) */
-      if (uniform && avail[r] > k)
+    /* phase 2: gathers of the rows chosen above (prefetched, independent loads) */
+    for (int64_t r = c0; r < c1; ++r)
         for (int64_t m = off[r]; m < off[r + 1]; ++m) EMIT(m, o_eid[m], r);
   }
   if (pick != stack_pick) free(pick);
