@@ -38,7 +38,7 @@ TRAIN = REPO / "examples" / "ctdg" / "train_tgn.py"
 CONFIG = """
 sampling: [{layer: 1, neighbor: [10], strategy: recent, prop_time: False, history: 1, duration: 0}]
 memory: [{type: node, dim_time: 100, deliver_to: self, mail_combine: last, memory_update: gru,
-          mailbox_size: 1, combine_node_feature: True, dim_out: 100}]
+          mailbox_size: 1, combine_node_feature: True, dim_out: 100, time_delta: mail}]
 gnn: [{arch: transformer_attention, layer: 1, att_head: 2, dim_time: 100, dim_out: 100}]
 train: [{epoch: 1, batch_size: 200, lr: 0.0001, dropout: 0.1, att_dropout: 0.1}]
 """

@@ -3,7 +3,8 @@
 State per owned node (algorithms.md §1), zeroed by :meth:`SharedMailBox.reset`::
 
     memory        [n_owned, d_m]        float32
-    memory_ts     [n_owned]             float64   time of the last memory write
+    memory_ts     [n_owned]             float64   time of the last memory write ('query'),
+                                                or of the last mail folded into memory ('mail')
     mailbox       [n_owned, K, d_mail]  float32   d_mail = 2 d_m + d_e
     mail_ts       [n_owned, K]          float64
     next_mail_pos [n_owned]             int64     ring-buffer pointer (moves only if K > 1)
@@ -69,7 +70,10 @@ class SharedMailBox:
         memory_param: the YAML ``memory`` section (dict or
             :class:`tgl_dist.models.MemoryConfig`): ``dim_out`` (d_m),
             ``mailbox_size`` (K, default 1), ``mail_combine`` (``'last'`` | ``'mean'``),
-            ``deliver_to`` (``'self'`` | ``'neighbors'``).
+            ``deliver_to`` (``'self'`` | ``'neighbors'``), ``time_delta`` (``'query'``:
+            a memory write stamps ``memory_ts`` with the event time, TGL; ``'mail'``: with
+            the time of the mail it replaces, i.e. of the last event folded into the
+            memory, TGN code / DyGLib / PyG).
         dim_edge_feat: d_e (0 when the events have no features).
         partition_book: global id -> (owner, local row). ``None``: a world of one that
             owns every node (local row = global id).
@@ -98,6 +102,9 @@ class SharedMailBox:
         self.mailbox_size = int(_param(memory_param, "mailbox_size", 1) or 1)
         self.mail_combine = _param(memory_param, "mail_combine", "last") or "last"
         self.deliver_to = _param(memory_param, "deliver_to", "self") or "self"
+        self.time_delta = _param(memory_param, "time_delta", "query") or "query"
+        if self.time_delta not in ("query", "mail"):
+            raise ValueError(f"memory.time_delta must be 'query' or 'mail', got {self.time_delta!r}")
         if self.mail_combine not in ("last", "mean"):
             raise ValueError(f"memory.mail_combine must be 'last' or 'mean', got {self.mail_combine!r}")
         if self.deliver_to not in ("self", "neighbors"):
@@ -136,7 +143,9 @@ class SharedMailBox:
 
     # ------------------------------------------------------------------- read
     def _rows(self, rows: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        return self.memory[rows], self.memory_ts[rows], self.mailbox[rows], self.mail_ts[rows]
+        # index_select: much cheaper than advanced indexing on CPU
+        return (self.memory.index_select(0, rows), self.memory_ts.index_select(0, rows),
+                self.mailbox.index_select(0, rows), self.mail_ts.index_select(0, rows))
 
     def _serve(self, rows: Tensor) -> Tensor:
         n = rows.numel()
@@ -305,7 +314,12 @@ class SharedMailBox:
                 sel = latest_per_key(rows, memory_ts)
                 r = rows[sel]
                 self.memory[r] = memory[sel].to(self.memory.dtype)
-                self.memory_ts[r] = memory_ts[sel].to(torch.float64)
+                if self.time_delta == "mail":
+                    # s^ folded in the mail held until now: the memory stands at its time
+                    last = (self.next_mail_pos[r] - 1) % self.mailbox_size
+                    self.memory_ts[r] = self.mail_ts[r, last]
+                else:
+                    self.memory_ts[r] = memory_ts[sel].to(torch.float64)
             if mail is not None:
                 if reduce_Op == "mean":
                     r, mail, mail_ts = mean_per_key(rows, mail.float(), mail_ts.to(torch.float64))

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgl_dist.nn.time_encoding import TimeEncode
+from tgl_dist.nn.unique import unique_first
 
 
 class MemoryUpdater(nn.Module):
@@ -28,6 +29,12 @@ class MemoryUpdater(nn.Module):
         dim_memory: d_m. dim_mail: d_mail. mailbox_size: K. dim_time: d_t (0 = none).
         dim_node_feat: F (0 = the dataset has no node features).
         combine_node_feature: add the node features to ``s^`` (``Linear(f)`` when F != d_m).
+        time_delta: the updater's time input. ``'query'`` (TGL): ``phi(t - memory_ts)`` at
+            each occurrence's query time ``t``, so ``s^`` depends on (node, query time).
+            ``'mail'`` (TGN code, DyGLib, PyG): ``phi(mail_ts - memory_ts)``, the gap between
+            the pending mail's event and the last event folded into the memory (the
+            :class:`SharedMailBox` then stores that time as ``memory_ts``), so ``s^``
+            depends on the node only and callers pass one row per node.
 
     ``srcdata`` must hold ``'mem' [S, d_m]``, ``'mem_ts' [S]``, ``'mail' [S, K, d_mail]``,
     ``'mail_ts' [S, K]``, ``'ts' [S]`` (attached by :meth:`SharedMailBox.prepare_input`)
@@ -35,8 +42,12 @@ class MemoryUpdater(nn.Module):
     """
 
     def __init__(self, dim_memory: int, dim_mail: int, mailbox_size: int, dim_time: int,
-                 dim_node_feat: int = 0, combine_node_feature: bool = True) -> None:
+                 dim_node_feat: int = 0, combine_node_feature: bool = True,
+                 time_delta: str = "query") -> None:
         super().__init__()
+        if time_delta not in ("query", "mail"):
+            raise ValueError(f"time_delta must be 'query' or 'mail', got {time_delta!r}")
+        self.time_delta = time_delta
         self.dim_memory, self.dim_mail, self.mailbox_size = dim_memory, dim_mail, mailbox_size
         self.dim_time, self.dim_node_feat = dim_time, dim_node_feat
         self.combine_node_feature = combine_node_feature
@@ -80,14 +91,13 @@ class _CellUpdater(MemoryUpdater):
         """``(node-only gate inputs [U, *], inverse [S] or None, mem [S, d_m])``."""
         ids, mem = srcdata["ID"], srcdata["mem"]
         mail = srcdata["mail"].reshape(mem.size(0), -1)
-        uniq, inv = torch.unique(ids, return_inverse=True)
-        if uniq.numel() < ids.numel():
-            first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.long, device=ids.device)
-            first = first.scatter_reduce(0, inv, torch.arange(ids.numel(), device=ids.device),
-                                         reduce="amin")
-            mem_u, mail_u = mem[first], mail[first]
-        else:
-            inv, mem_u, mail_u = None, mem, mail
+        inv, mem_u, mail_u = None, mem, mail
+        if self.time_delta == "query":  # 'mail': one row per node already
+            first, inv = unique_first(ids)
+            if first.numel() < ids.numel():
+                mem_u, mail_u = mem.index_select(0, first), mail.index_select(0, first)
+            else:
+                inv = None
         gi = F.linear(mail_u, self.weight_ih[:, : self.dim_mail], self.bias_ih)
         gh = F.linear(mem_u, self.weight_hh, self.bias_hh)
         return gi, gh, inv, mem
@@ -96,7 +106,10 @@ class _CellUpdater(MemoryUpdater):
         """``base + W_t phi(t - memory_ts)`` per occurrence."""
         if self.time_enc is None:
             return base
-        phi = self.time_enc(srcdata["ts"] - srcdata["mem_ts"])
+        if self.time_delta == "mail":
+            phi = self.time_enc(srcdata["mail_ts"][:, -1] - srcdata["mem_ts"])
+        else:
+            phi = self.time_enc(srcdata["ts"] - srcdata["mem_ts"])
         w_t = self.weight_ih[:, self.dim_mail:]
         H = self.dim_memory
         if base.size(1) == w_t.size(0):
@@ -122,7 +135,7 @@ class GRUMemoryUpdater(_CellUpdater):
         gh_rz, gh_n = gh.split([2 * H, H], 1)
         node = torch.cat([gi_rz + gh_rz, gi_n, gh_n], 1)
         if inv is not None:
-            node = node[inv]
+            node = node.index_select(0, inv)
         g_rz, g_in, g_hn = self._time_part(srcdata, node).split([2 * H, H, H], 1)
         r, z = torch.sigmoid(g_rz).chunk(2, 1)  # split/chunk: their backward allocates no zeros
         n = torch.tanh(g_in + r * g_hn)
@@ -141,7 +154,7 @@ class RNNMemoryUpdater(_CellUpdater):
         gi, gh, inv, _ = self._node_part(srcdata)
         node = gi + gh
         if inv is not None:
-            node = node[inv]
+            node = node.index_select(0, inv)
         return torch.tanh(self._time_part(srcdata, node))
 
 

@@ -19,7 +19,7 @@ from tgl_dist.dist import PartitionBook, world
 from tgl_dist.memory.updaters import UPDATERS
 from tgl_dist.models.config import ConfigError, ModelConfig
 from tgl_dist.models.tgnn import TemporalLinkModel
-from tgl_dist.nn.attention import TemporalAttention
+from tgl_dist.nn.attention import TemporalAttention, TGNAttention
 from tgl_dist.nn.dist_embedding import DistEmbedding
 from tgl_dist.sampling.block import Block
 
@@ -115,6 +115,8 @@ def build_model(cfg: ModelConfig, dim_node_feat: int = 0, dim_edge_feat: int = 0
                   combine_node_feature=mem.combine_node_feature)
         if mem.memory_update == "transformer":
             kw.update(num_head=mem.attention_head, dropout=tr.dropout, att_dropout=tr.att_dropout)
+        if mem.time_delta != "query":
+            kw.update(time_delta=mem.time_delta)
         updater = UPDATERS[mem.memory_update](**kw)
         node_dim = mem.dim_out
     layers = None
@@ -122,8 +124,9 @@ def build_model(cfg: ModelConfig, dim_node_feat: int = 0, dim_edge_feat: int = 0
         d_out = gnn.dim_out or mem.dim_out
         layers, d_in = [], node_dim
         for _ in range(gnn.layer):
-            layers.append(TemporalAttention(d_in, dim_edge_feat, gnn.dim_time, d_out, gnn.att_head,
-                                            tr.dropout, tr.att_dropout))
+            att_cls = TGNAttention if gnn.att_variant == "tgn" else TemporalAttention
+            layers.append(att_cls(d_in, dim_edge_feat, gnn.dim_time, d_out, gnn.att_head,
+                                  tr.dropout, tr.att_dropout))
             d_in = d_out
     projection = None if layers else ("jodie" if gnn.time_transform == "JODIE" else "identity")
     return model_cls(dim_out=embedding_dim(cfg), memory_updater=updater, gnn_layers=layers,

@@ -115,6 +115,10 @@ class MemoryConfig:
     attention_head: int = _f(2, _pos_int, "heads of the transformer updater")
     mail_dst_embedding: bool = _f(False, _bool,
                                   "mails carry the other endpoint's embedding (DyRep)")
+    time_delta: str = _f("query", _choice("query", "mail"),
+                         "updater time input: 'query' phi(t - memory_ts) per (node, query time) "
+                         "(TGL); 'mail' phi(mail_ts - last update), once per node (TGN code, "
+                         "DyGLib, PyG)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +131,9 @@ class GNNConfig:
     dim_time: int = _f(100, _nonneg_int, "time-encoding size")
     dim_out: int = _f(0, _nonneg_int, "output size (0: memory.dim_out)")
     time_transform: Optional[str] = _f(None, _choice(None, "JODIE"), "JODIE time projection")
+    att_variant: str = _f("tgl", _choice("tgl", "tgn"),
+                          "attention layer: 'tgl' (TGL layers.py) or 'tgn' (TGN code / DyGLib: "
+                          "scaled dot product, residual LayerNorm, merge MLP)")
     output: str = _f("gnn", _choice("gnn", "memory"),
                      "what the predictor scores: the GNN output or the updated memory (DyRep)")
 
@@ -238,6 +245,9 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
             raise ConfigError("memory.mailbox_size", f"the {mem.memory_update} updater reads one "
                                                      f"mail: expected 1, got {mem.mailbox_size}",
                               source)
+        if mem.time_delta == "mail" and mem.memory_update not in ("gru", "rnn"):
+            raise ConfigError("memory.time_delta", f"'mail' needs the gru or rnn updater, got "
+                                                   f"{mem.memory_update!r}", source)
     elif gnn.arch == "identity":
         raise ConfigError("gnn.arch", "'identity' needs a node memory (memory.type: node)", source)
     if gnn.arch == "transformer_attention":
@@ -255,7 +265,7 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
         dim_out = gnn.dim_out or mem.dim_out
         if dim_out <= 0:
             raise ConfigError("gnn.dim_out", "set gnn.dim_out (no memory to take it from)", source)
-        if dim_out % gnn.att_head:
+        if gnn.att_variant == "tgl" and dim_out % gnn.att_head:
             raise ConfigError("gnn.att_head", f"dim_out {dim_out} is not divisible by "
                                               f"att_head {gnn.att_head}", source)
     if gnn.output == "memory" and mem.type != "node":

@@ -24,7 +24,7 @@ from tgl_dist.memory.updaters import MemoryUpdater
 from tgl_dist.nn.attention import TemporalAttention
 from tgl_dist.nn.embedding import IdentityEmbedding, JODIETimeProjection
 from tgl_dist.nn.predictor import EdgePredictor
-from tgl_dist.nn.unique import unique_node_time
+from tgl_dist.nn.unique import unique_first, unique_node_time
 from tgl_dist.sampling.block import Block
 
 
@@ -111,12 +111,18 @@ class TemporalLinkModel(nn.Module):
                 # no GNN: only the roots' s^ is used (APAN's neighbours only receive mails)
                 sd = {k: sd[k][:R] for k in ("ID", "ts", "mem", "mem_ts", "mail", "mail_ts")}
                 x = None if x is None else x[:R]
-            # s^ depends only on (node, query time): compute it once per distinct pair
-            uq = unique_node_time(sd["ID"], sd["ts"])
+            # s^ depends only on (node, query time) ('query') or on the node ('mail'):
+            # compute it once per distinct pair / node
+            if self.memory_updater.time_delta == "mail":
+                uq = unique_first(sd["ID"])
+                uq = None if uq[0].numel() == sd["ID"].numel() else uq
+            else:
+                uq = unique_node_time(sd["ID"], sd["ts"])
             if uq is not None:
                 first, rows = uq
-                sd = {k: sd[k][first] for k in ("ID", "ts", "mem", "mem_ts", "mail", "mail_ts")}
-                x = None if x is None else x[first]
+                sd = {k: sd[k].index_select(0, first)
+                      for k in ("ID", "ts", "mem", "mem_ts", "mail", "mail_ts")}
+                x = None if x is None else x.index_select(0, first)
             mem = self.memory_updater(sd)
             h = self.memory_updater.combine(mem, x)
         elif x is not None:
@@ -142,8 +148,8 @@ class TemporalLinkModel(nn.Module):
             emb = self.projection(h[root_rows])
         gnn_emb = emb
         if self.output == "memory":
-            emb = h[root_rows]
-        return emb, (None if mem is None else mem[root_rows]), gnn_emb
+            emb = h.index_select(0, root_rows)
+        return emb, (None if mem is None else mem.index_select(0, root_rows)), gnn_emb
 
     def forward(self, mfgs: List[Block], metadata: Dict[str, Tensor]) -> LinkPredOutput:
         """Score the batch's positive and negative events.
@@ -156,7 +162,8 @@ class TemporalLinkModel(nn.Module):
             :class:`LinkPredOutput` ``(pos [B], neg [k*B])`` logits.
         """
         emb, mem, gnn_emb = self.embed(mfgs)
-        pos, neg = self.predictor(emb[metadata["src_pos_index"]], emb[metadata["dst_pos_index"]],
-                                  emb[metadata["dst_neg_index"]])
+        pos, neg = self.predictor(emb.index_select(0, metadata["src_pos_index"]),
+                                  emb.index_select(0, metadata["dst_pos_index"]),
+                                  emb.index_select(0, metadata["dst_neg_index"]))
         return LinkPredOutput(pos, neg, None if mem is None else mem.detach(),
                               gnn_emb.detach(), self.mail_uses_embedding)

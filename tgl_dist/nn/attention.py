@@ -17,7 +17,7 @@ Zhou et al. 2022, TGL ``layers.py``).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,64 @@ def edge_softmax(logits: Tensor, dst: Tensor, num_dst: int) -> Tensor:
     ex = torch.exp(logits - mx[dst])
     den = logits.new_zeros((num_dst, H)).index_add_(0, dst, ex)
     return ex / den[dst]
+
+
+def padded_layout(block: Block) -> Optional[Tuple[Tensor, Tensor, int]]:
+    """Edges of ``block`` in a ``[D, K]`` padded layout (K = largest in-degree).
+
+    Returns ``(flat [M], count [D], K)`` with edge e at flat position ``flat[e]`` of the
+    ``D * K`` slots, or ``None`` when the edges are not grouped by destination (the
+    sampler lists them destination-sorted) or there are none.
+    """
+    dst = block.edge_index[1]
+    M, D = dst.numel(), block.num_dst
+    if M == 0 or (M > 1 and not bool((dst[1:] >= dst[:-1]).all())):
+        return None
+    cnt = torch.bincount(dst, minlength=D)
+    K = int(cnt.max())
+    start = torch.cumsum(cnt, 0) - cnt
+    flat = dst * K + (torch.arange(M, device=dst.device) - start[dst])
+    return flat, cnt, K
+
+
+def padded_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
+                  b_v: Optional[Tensor], xp: Tensor, cnt: Tensor, num_head: int, leaky: bool,
+                  att_dropout: nn.Module) -> Tensor:
+    """Multi-head attention of each destination over its edges' inputs, without per-edge keys.
+
+    ``k_j = W_k x_j + b_k``, ``v_j = W_v x_j + b_v``; the products are re-associated so
+    no ``[M, 2 d]`` key/value tensor is formed: ``q . k_j = (W_k^T q) . x_j + q . b_k``
+    and ``sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v sum_j a_j`` (exact algebra; the
+    per-edge matmul becomes two small batched products per destination).
+
+    Args:
+        q: ``[D, d]`` queries (already scaled when the layer scales). w_k, w_v: ``[d, C]``.
+        b_k, b_v: ``[d]`` or ``None``. xp: ``[D, K, C]`` edge inputs in the padded layout
+        (:func:`padded_layout`; padding slots may hold any finite values). cnt: ``[D]``
+        edges per destination. leaky: LeakyReLU(0.2) on the scores (TGL).
+    Returns:
+        ``[D, d]``; zero for a destination without edges.
+    """
+    D, d = q.shape
+    K, C = xp.size(1), xp.size(2)
+    H = num_head
+    c = d // H
+    qh = q.view(D, H, c).transpose(0, 1)                                   # [H, D, c]
+    qk = torch.bmm(qh, w_k.view(H, c, C)).transpose(0, 1)                 # [D, H, C]
+    scores = torch.bmm(xp, qk.transpose(1, 2))                            # [D, K, H]
+    if b_k is not None:
+        scores = scores + (qh.transpose(0, 1) * b_k.view(H, c)).sum(-1).unsqueeze(1)
+    if leaky:
+        scores = F.leaky_relu(scores, 0.2)
+    valid = (torch.arange(K, device=q.device) < cnt.unsqueeze(1)).unsqueeze(2)  # [D, K, 1]
+    # finite fill: a destination without edges gets uniform weights, zeroed just below
+    att = torch.softmax(scores.masked_fill(~valid, -1e30), 1) * valid
+    att = att_dropout(att).transpose(1, 2)                                # [D, H, K]
+    agg = torch.bmm(att, xp).transpose(0, 1)                              # [H, D, C]
+    out = torch.bmm(agg, w_v.view(H, c, C).transpose(1, 2)).transpose(0, 1)  # [D, H, c]
+    if b_v is not None:
+        out = out + att.sum(-1, keepdim=True) * b_v.view(H, c)
+    return out.reshape(D, d)
 
 
 class TemporalAttention(nn.Module):
@@ -81,10 +139,34 @@ class TemporalAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(dim_out)
         self.dropout = nn.Dropout(dropout)
         self.att_dropout = nn.Dropout(att_dropout)
+        self.padded = True  # False: the per-edge key/value formulation (reference path)
+
+    def _padded_inputs(self, block: Block, h: Tensor, rows: Optional[Tensor],
+                       layout: Tuple[Tensor, Tensor, int]) -> Tensor:
+        """``[D, K, dim_node + dim_edge + dim_time]``: ``[h_j || e_ij || phi(dt_ij)]`` per edge
+        slot of the padded layout (padding slots repeat source row 0 / time 0)."""
+        flat, _, K = layout
+        D, M = block.num_dst, block.num_edges
+        dense = flat.numel() == D * K
+
+        def pad(v: Tensor) -> Tensor:
+            return v if dense else v.new_zeros(D * K).index_copy_(0, flat, v)
+
+        parts = []
+        if self.dim_node:
+            src = block.edge_index[0]
+            parts.append(h.index_select(0, pad(src if rows is None else rows[src])))
+        if self.dim_edge:
+            e = torch.arange(M, device=flat.device)
+            parts.append(block.edata["f"].float().index_select(0, pad(e)))
+        parts.append(self.time_enc(pad(block.edata["dt"])))
+        x = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        return x.view(D, K, -1)
 
     def forward(self, block: Block, h: Tensor, rows: Optional[Tensor] = None) -> Tensor:
         D, M, H = block.num_dst, block.num_edges, self.num_head
-        h_dst = h[:D] if rows is None else h[rows[:D]]
+        h_dst = h[:D] if rows is None else h.index_select(0, rows[:D])
+        layout = padded_layout(block) if self.padded else None
         if M == 0:
             agg = h.new_zeros((D, self.dim_out))
         else:
@@ -94,6 +176,12 @@ class TemporalAttention(nn.Module):
             # q = W_q [h_i || phi(0)]: the phi(0) part is a constant vector
             q_const = F.linear(self.time_enc(h.new_zeros(1)), w[:, dn:], b)
             q = torch.addmm(q_const, h_dst, w[:, :dn].t()) if dn else q_const.expand(D, -1)
+        if M and layout is not None:
+            d, wkv, bkv = self.dim_out, self.w_kv.weight, self.w_kv.bias
+            xp = self._padded_inputs(block, h, rows, layout)
+            agg = padded_attend(q.contiguous(), wkv[:d], bkv[:d], wkv[d:], bkv[d:], xp,
+                                layout[1], H, True, self.att_dropout)
+        elif M:
             # k, v = W_kv [h_j || e_ij || phi(dt)], as three products (no concatenated copy)
             w = self.w_kv.weight
             kv = F.linear(self.time_enc(block.edata["dt"]), w[:, dn + de:], self.w_kv.bias)
@@ -127,3 +215,83 @@ def _is_tail_range(src: Tensor, D: int, M: int, S: int) -> bool:
         return False
     return bool(src[0] == D) and bool(src[-1] == D + M - 1) and bool(
         (src[1:] - src[:-1] == 1).all()) if M > 1 else bool(src[0] == D)
+
+
+class TGNAttention(TemporalAttention):
+    """The temporal attention of the TGN reference code and DyGLib (``gnn.att_variant: tgn``).
+
+    .. math::
+        x_i = [h_i \\| \\phi(0)], \\quad q_i = W_q x_i, \\quad
+        k_j, v_j = W_k, W_v [h_j \\| e_{ij} \\| \\phi(\\Delta_{ij})] \\quad (\\text{no biases})
+
+        \\alpha_{ij} = \\mathrm{softmax}_j(q_i \\cdot k_j / \\sqrt{d_h}) \\text{ per head, then dropout}
+
+        o_i = \\mathrm{LayerNorm}(\\mathrm{Dropout}(W_r \\textstyle\\sum_j \\alpha_{ij} v_j + b_r) + x_i)
+
+        \\mathrm{out}_i = W_2 \\, \\mathrm{ReLU}(W_1 [o_i \\| h_i] + b_1) + b_2
+
+    The attention width is ``dim_node + dim_time`` (``d_h`` = that / heads), as in
+    DyGLib's ``MultiHeadAttention`` + ``MergeLayer`` (Rossi et al. 2020; Yu et al. 2023).
+    A destination without neighbours aggregates zero. Same shapes and arguments as
+    :class:`TemporalAttention`.
+    """
+
+    def __init__(self, dim_node: int, dim_edge: int, dim_time: int, dim_out: int,
+                 num_head: int = 2, dropout: float = 0.0, att_dropout: float = 0.0) -> None:
+        nn.Module.__init__(self)
+        if dim_time <= 0:
+            raise ValueError(f"TGNAttention needs dim_time > 0, got {dim_time}")
+        width = dim_node + dim_time
+        if width % num_head:
+            raise ValueError(f"dim_node + dim_time = {width} is not divisible by "
+                             f"num_head={num_head}")
+        self.dim_node, self.dim_edge, self.dim_time = dim_node, dim_edge, dim_time
+        self.dim_out, self.num_head, self.width = dim_out, num_head, width
+        self.time_enc = TimeEncode(dim_time)
+        self.w_q = nn.Linear(width, width, bias=False)
+        self.w_kv = nn.Linear(dim_node + dim_edge + dim_time, 2 * width, bias=False)
+        self.w_res = nn.Linear(width, width)
+        self.layer_norm = nn.LayerNorm(width)
+        self.merge1 = nn.Linear(width + dim_node, dim_out)
+        self.merge2 = nn.Linear(dim_out, dim_out)
+        self.dropout = nn.Dropout(dropout)
+        self.att_dropout = nn.Dropout(att_dropout)
+        self.padded = True
+
+    def forward(self, block: Block, h: Tensor, rows: Optional[Tensor] = None) -> Tensor:
+        D, M, H, W = block.num_dst, block.num_edges, self.num_head, self.width
+        h_dst = h[:D] if rows is None else h.index_select(0, rows[:D])
+        x = torch.cat([h_dst, self.time_enc(h.new_zeros(1)).expand(D, -1)], 1)
+        layout = padded_layout(block) if self.padded else None
+        if M == 0:
+            agg = h.new_zeros((D, W))
+        elif layout is not None:
+            q = F.linear(x, self.w_q.weight) * (W // H) ** -0.5
+            wkv = self.w_kv.weight
+            agg = padded_attend(q, wkv[:W], None, wkv[W:], None,
+                                self._padded_inputs(block, h, rows, layout), layout[1], H,
+                                False, self.att_dropout)
+        else:
+            src, dst = block.edge_index[0], block.edge_index[1]
+            dn, de = self.dim_node, self.dim_edge
+            q = F.linear(x, self.w_q.weight) * (W // H) ** -0.5
+            w = self.w_kv.weight
+            kv = F.linear(self.time_enc(block.edata["dt"]), w[:, dn + de:])
+            if dn and rows is not None:
+                kv = kv + F.linear(h, w[:, :dn])[rows[src]]
+            elif dn:
+                h_src = h[D:D + M] if _is_tail_range(src, D, M, h.size(0)) else h[src]
+                kv = torch.addmm(kv, h_src, w[:, :dn].t())
+            if de:
+                kv = torch.addmm(kv, block.edata["f"].float(), w[:, dn:dn + de].t())
+            k, v = kv.view(M, 2, H, -1).unbind(1)
+            logits = (q.view(D, H, -1)[dst] * k).sum(-1)
+            att = self.att_dropout(edge_softmax(logits, dst, D))
+            msg = (v * att.unsqueeze(-1)).reshape(M, W)
+            agg = h.new_zeros((D, W)).index_add_(0, dst, msg)
+        o = self.layer_norm(self.dropout(self.w_res(agg)) + x)
+        w1 = self.merge1.weight
+        z = torch.addmm(self.merge1.bias, o, w1[:, :W].t())
+        if self.dim_node:
+            z = torch.addmm(z, h_dst, w1[:, W:].t())
+        return self.merge2(F.relu(z))

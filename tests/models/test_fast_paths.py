@@ -1,0 +1,83 @@
+"""The re-associated (padded) attention and the per-node memory ('time_delta: mail') give
+the results of their direct formulations."""
+import pytest
+import torch
+
+from blocks_util import make_batch
+from tgl_dist.memory import SharedMailBox
+from tgl_dist.models import ConfigError, build_model, parse_config
+from tgl_dist.nn import TemporalAttention, TGNAttention
+from tgl_dist.nn.attention import padded_layout
+
+CFG = {
+    "sampling": {"layer": 1, "neighbor": [4], "strategy": "recent"},
+    "memory": {"type": "node", "dim_out": 8, "dim_time": 4, "memory_update": "gru",
+               "time_delta": "mail"},
+    "gnn": {"arch": "transformer_attention", "layer": 1, "att_head": 2, "dim_time": 4},
+    "train": {"dropout": 0.0, "att_dropout": 0.0},
+}
+
+
+@pytest.mark.parametrize("cls", [TemporalAttention, TGNAttention])
+@pytest.mark.parametrize("dim_edge", [0, 3])
+def test_padded_attention_equals_per_edge_keys(cls, dim_edge):
+    torch.manual_seed(0)
+    layer = cls(8, dim_edge, 4, 8, num_head=2).eval()
+    _, mfgs, _ = make_batch(6, 30, [4], dim_edge=dim_edge, seed=1)
+    b = mfgs[0]
+    assert padded_layout(b) is not None  # destination-sorted edges, some destinations empty
+    assert int(torch.bincount(b.edge_index[1], minlength=b.num_dst).min()) == 0
+    h = torch.randn(b.num_src, 8, requires_grad=True)
+    rows = None
+    for use_rows in (False, True):
+        if use_rows:  # distinct-row input: source i reads h[rows[i]]
+            rows = torch.randint(0, 5, (b.num_src,))
+            h = torch.randn(5, 8, requires_grad=True)
+        res = []
+        for padded in (True, False):
+            layer.padded = padded
+            out = layer(b, h, rows)
+            grads = torch.autograd.grad((out ** 2).sum(), [h] + list(layer.parameters()))
+            res.append((out, grads))
+        (o1, g1), (o2, g2) = res
+        assert torch.allclose(o1, o2, atol=1e-5)
+        for a, c in zip(g1, g2):
+            assert torch.allclose(a, c, atol=1e-4, rtol=1e-4)
+
+
+def test_mail_time_delta_is_per_node_and_stamps_memory_with_the_folded_mail():
+    torch.manual_seed(0)
+    cfg = parse_config(CFG)
+    model = build_model(cfg).eval()
+    roots, mfgs, meta = make_batch(8, 6, [4], seed=2)
+    mb = SharedMailBox(6, cfg.memory, 0)
+    mb.mailbox.normal_()
+    mb.memory.normal_()
+    mb.mail_ts[:, 0] = torch.arange(6, dtype=torch.float64) + 50
+    mb.memory_ts[:] = torch.arange(6, dtype=torch.float64) + 10
+    mb.prepare_input(mfgs)
+    with torch.no_grad():
+        out = model(mfgs, meta)
+        # reference: the GRU cell on [mail || phi(mail_ts - memory_ts)] of each node
+        upd = model.memory_updater
+        cell = torch.nn.GRUCell(upd.dim_mail + upd.dim_time, upd.dim_memory)
+        cell.weight_ih.copy_(upd.weight_ih), cell.weight_hh.copy_(upd.weight_hh)
+        cell.bias_ih.copy_(upd.bias_ih), cell.bias_hh.copy_(upd.bias_hh)
+        ids = roots.nodes
+        phi = upd.time_enc(mb.mail_ts[ids, 0] - mb.memory_ts[ids])
+        ref = cell(torch.cat([mb.mailbox[ids, 0], phi], 1), mb.memory[ids])
+    assert torch.allclose(out.memory, ref, atol=1e-5)
+    old_mail_ts = mb.mail_ts[:, 0].clone()
+    mb.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"])
+    written = torch.unique(torch.cat([roots.src, roots.dst]))
+    # memory_ts = time of the mail folded into it; the new mail carries the event time
+    assert torch.equal(mb.memory_ts[written], old_mail_ts[written])
+    ends, times = torch.cat([roots.src, roots.dst]), roots.t.repeat(2)
+    for n in written.tolist():
+        assert float(mb.mail_ts[n, 0]) == float(times[ends == n].max())
+
+
+def test_mail_time_delta_needs_a_cell_updater():
+    raw = {**CFG, "memory": {**CFG["memory"], "memory_update": "transformer", "mailbox_size": 2}}
+    with pytest.raises(ConfigError, match="memory.time_delta"):
+        parse_config(raw)
