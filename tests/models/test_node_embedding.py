@@ -46,6 +46,15 @@ def test_shipped_embedding_config():
         assert getattr(cfg, sec) == getattr(base, sec)
 
 
+def test_every_shipped_embedding_config_is_its_base_plus_the_section():
+    for path in sorted(CONFIGS.glob("*-embedding.yml")):
+        cfg, base = load_config(path), load_config(CONFIGS / f"{path.stem.split('-')[0]}.yml")
+        assert cfg.node_embedding.enabled, path
+        for sec in ("sampling", "memory", "gnn", "train"):
+            assert getattr(cfg, sec) == getattr(base, sec), (path, sec)
+        build_model(cfg, 0, 0, num_nodes=10)
+
+
 @pytest.mark.parametrize("section, path", [
     ({"dim": -1}, "node_embedding.dim"),
     ({"dim": 8, "optimizer": "sgd"}, "node_embedding.optimizer"),
