@@ -128,8 +128,18 @@ class GRUMemoryUpdater(_CellUpdater):
     gates = 3
 
     def forward(self, srcdata) -> Tensor:
-        gi, gh, inv, h = self._node_part(srcdata)
         H = self.dim_memory
+        if self.time_delta == "mail" and self.time_enc is not None:
+            # one row per node: the cell on [mail || phi] directly (one input product)
+            mem = srcdata["mem"]
+            phi = self.time_enc(srcdata["mail_ts"][:, -1] - srcdata["mem_ts"])
+            x = torch.cat([srcdata["mail"].reshape(mem.size(0), -1), phi], 1)
+            gi_rz, g_in = F.linear(x, self.weight_ih, self.bias_ih).split([2 * H, H], 1)
+            gh_rz, g_hn = F.linear(mem, self.weight_hh, self.bias_hh).split([2 * H, H], 1)
+            r, z = torch.sigmoid(gi_rz + gh_rz).chunk(2, 1)
+            n = torch.tanh(g_in + r * g_hn)
+            return n + z * (mem - n)
+        gi, gh, inv, h = self._node_part(srcdata)
         # node-only part [r+z summed | i_n | h_n], gathered once per occurrence
         gi_rz, gi_n = gi.split([2 * H, H], 1)
         gh_rz, gh_n = gh.split([2 * H, H], 1)
