@@ -84,7 +84,7 @@ class NeighborSampler:
         seed: base seed of the uniform policy (default 0).
         graph_name: optional name used in log messages.
         backend: ``'auto'`` (default: the compiled C kernel of
-            :mod:`tgl_dist.sampling._ckernel`, built on first use in well under a
+            :mod:`tgl_dist.sampling._ckernel`, built on first use in about a
             second, or the torch path with one warning if no C compiler works),
             ``'compiled'`` (the kernel; error if it cannot be built; ``'cpp'`` is an
             alias) or ``'torch'`` (vectorised torch ops only). All return identical
