@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override train.batch_size (events per step over ALL ranks)")
     p.add_argument("--lr", type=float, default=None, help="override train.lr")
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and negatives")
-    p.add_argument("--patience", type=int, default=5, help="early stopping on validation AP")
+    p.add_argument("--patience", type=int, default=None,
+                   help="early stopping on validation AP (override train.patience, default 5)")
     p.add_argument("--eval-neg", type=int, default=9, help="negatives per positive for MRR (val/test)")
     p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
                    help="replicated T-CSR or per-owner sampling requests")
@@ -158,7 +159,7 @@ def main(argv=None) -> dict:
     np.random.seed(args.seed)
     cfg = load_config(args.config)
     over = {k: v for k, v in (("epoch", args.epochs), ("batch_size", args.batch_size),
-                              ("lr", args.lr)) if v is not None}
+                              ("lr", args.lr), ("patience", args.patience)) if v is not None}
     cfg = cfg.replace(train=over) if over else cfg
     folder = ensure_partition(args, ctx)
     pdata = partition_load(folder, args.partition_algo)
@@ -177,6 +178,12 @@ def main(argv=None) -> dict:
         mailbox = SharedMailBox(int(pdata.ids.numel()), cfg.memory, graph.edge_feat_dim,
                                 partition_book=pdata.book)
     per_rank = max(1, cfg.train.batch_size // ctx.world_size)
+    chunk = None
+    if cfg.train.reorder:  # TGL's random chunk scheduling: windows shift by chunks of B / reorder
+        if (per_rank * ctx.world_size) % cfg.train.reorder:
+            raise SystemExit(f"error: train.reorder {cfg.train.reorder} must divide the global "
+                             f"batch {per_rank * ctx.world_size} (batch per rank x world size)")
+        chunk = per_rank * ctx.world_size // cfg.train.reorder
     cores = max(1, (os.cpu_count() or 1) // ctx.world_size)
     queue_size = args.queue_size if args.queue_size is not None else (0 if cores <= 2 else 4)
     train_neg = NegativeSampling("triplet", "random", 1, seed=args.seed)
@@ -185,6 +192,7 @@ def main(argv=None) -> dict:
         split: DistributedDataLoader(graph, split, sampler=sampler,
                                      neg_sampler=train_neg if split == "train" else eval_neg,
                                      batch_size=per_rank, train=split == "train", mailbox=mailbox,
+                                     chunk_size=chunk if split == "train" else None,
                                      seed=args.seed, queue_size=queue_size,
                                      group=ctx.new_group())  # with --timeout
         for split in ("train", "val", "test")}
@@ -192,7 +200,7 @@ def main(argv=None) -> dict:
                         num_nodes=graph.num_nodes, partition_book=pdata.book)
     broadcast_parameters(model)
     opt = build_optimizer(model, lr=cfg.train.lr)
-    stopper = EarlyStopMonitor(patience=args.patience)
+    stopper = EarlyStopMonitor(patience=cfg.train.patience)
     ck = RunCheckpoint(args.checkpoint_dir, every, keep_every=args.checkpoint_keep_every,
                        resume=args.resume,
                        run_meta={"partition": partition_identity(pdata.manifest),

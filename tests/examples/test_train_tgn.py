@@ -41,9 +41,13 @@ def test_plain_python_world_of_one(tmp_path):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_two_processes_jodie(tmp_path):
+    # JODIE with TGL's random chunk scheduling (train.reorder) on
+    cfg = tmp_path / "JODIE.yml"
+    cfg.write_text((REPO / "configs" / "JODIE.yml").read_text().replace(
+        "  - epoch:", "  - reorder: 4\n    epoch:"))
     out = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                 "--master_port", str(29500 + os.getpid() % 1000), str(SCRIPT),
-                "--config", str(REPO / "configs" / "JODIE.yml"), "--partition-algo", "hash",
+                "--config", str(cfg), "--partition-algo", "hash",
                 "--parts", str(tmp_path / "parts"), *TINY], tmp_path)
     assert out["world_size"] == 2 and out["model"] == "JODIE"
     assert len(out["peak_rss_mib_per_rank"]) == 2

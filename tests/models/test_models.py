@@ -26,6 +26,9 @@ def test_shipped_configs_match_tgl_values():
     tgat = load_config(CONFIGS / "TGAT.yml")
     assert (tgat.has_memory, tgat.sampling.strategy, tgat.gnn.layer) == (False, "uniform", 2)
     assert load_config(CONFIGS / "DyRep.yml").memory.mail_dst_embedding
+    dyglib = load_config(CONFIGS / "TGN_DyGLib.yml")
+    assert (dyglib.train.patience, dyglib.memory.time_delta, dyglib.gnn.att_variant) == (20, "mail", "tgn")
+    assert tgn.train.patience == 5 and tgn.train.reorder == 0
 
 
 @pytest.mark.parametrize("raw,path", [
@@ -41,6 +44,9 @@ def test_shipped_configs_match_tgl_values():
     ({"sampling": {"fanout": 3}}, "sampling.fanout"),
     ({"optimizer": {}}, "optimizer"),
     ({"gnn": {"arch": "identity"}}, "gnn.arch"),
+    ({"memory": {"type": "node", "dim_out": 10}, "train": {"batch_size": 600, "reorder": 7}},
+     "train.reorder"),
+    ({"train": {"patience": 0}}, "train.patience"),
 ])
 def test_config_errors_name_the_field(raw, path):
     with pytest.raises(ConfigError) as e:

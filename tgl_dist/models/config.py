@@ -147,7 +147,10 @@ class TrainConfig:
     dropout: float = _f(0.1, _prob, "dropout")
     att_dropout: float = _f(0.1, _prob, "attention dropout")
     all_on_gpu: bool = _f(False, _bool, "TGL option, accepted and ignored")
-    reorder: int = _f(0, _nonneg_int, "TGL random chunk scheduling (not implemented; must be 0)")
+    reorder: int = _f(0, _nonneg_int, "TGL random chunk scheduling: the training windows shift "
+                                       "by a random multiple of batch_size / reorder each epoch "
+                                       "(0 = off)")
+    patience: int = _f(5, _pos_int, "early stopping: epochs without a better validation AP")
 
 
 def _opt_pos_num(v):
@@ -274,9 +277,10 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
                                    or (gnn.dim_out or mem.dim_out) != mem.dim_out):
         raise ConfigError("memory.mail_dst_embedding", "needs attention embeddings of size "
                                                        "memory.dim_out", source)
-    if secs["train"].reorder:
-        raise ConfigError("train.reorder", "random chunk scheduling is not implemented; "
-                                           "remove it or set 0", source)
+    tr = secs["train"]
+    if tr.reorder and tr.batch_size % tr.reorder:
+        raise ConfigError("train.reorder", f"must divide train.batch_size {tr.batch_size}, got "
+                                           f"{tr.reorder}", source)
     return ModelConfig(name=name, **secs)
 
 
