@@ -63,10 +63,22 @@ class DistributedContext:
              timeout: float = 600.0) -> "DistributedContext":
         """Initialise (or join) the process group described by torchrun's environment.
 
+        When a default process group already exists (made by the caller, or by an
+        earlier ``init``), it is joined as it is: rank and world size come from it, and
+        so does the backend when ``backend`` is ``None``. An explicit ``backend`` that
+        differs from the existing group's is an error rather than silently ignored.
+        The existing group keeps the timeout it was made with; ``timeout`` then applies
+        to the groups made by :meth:`new_group` (and is reported as ``ctx.timeout``).
+
         Args:
-            backend: ``'gloo'`` or ``'nccl'``; default NCCL when GPUs are used, else gloo.
+            backend: ``'gloo'`` or ``'nccl'``; default NCCL when GPUs are used, else gloo
+                (or, when a process group exists, that group's backend).
             use_gpu: use ``cuda:<local_rank>``; default: when CUDA is available.
             timeout: seconds a collective may wait for a peer before it fails.
+
+        Raises:
+            ValueError: an unknown backend; NCCL without GPUs; or a ``backend`` that
+                conflicts with the existing process group's (both are named).
         """
         if use_gpu is None:
             use_gpu = torch.cuda.is_available()
@@ -75,10 +87,20 @@ class DistributedContext:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        explicit = backend is not None
         if backend is None:
             backend = "nccl" if use_gpu else "gloo"
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        if dist.is_initialized():
+            existing = str(dist.get_backend())
+            # a multi-device group names one backend per device type ("cpu:gloo,cuda:nccl")
+            if explicit and backend not in {b.split(":")[-1] for b in existing.split(",")}:
+                raise ValueError(f"backend={backend!r} conflicts with the process group that already "
+                                 f"exists (backend {existing!r}); pass backend={existing!r} or None, "
+                                 f"or destroy that group first")
+            if not explicit:
+                backend = existing
         if backend == "nccl" and not use_gpu:
             raise ValueError("backend='nccl' needs use_gpu=True (NCCL runs on GPUs only)")
         device = torch.device(f"cuda:{local_rank}" if use_gpu else "cpu")

@@ -38,6 +38,63 @@ def test_two_ranks_under_torchrun_env():
     assert out == [(0, 2, "gloo", "cpu"), (1, 2, "gloo", "cpu")]
 
 
+def _sync_print_worker():
+    ctx = DistributedContext.init(use_gpu=False)
+    if ctx.rank == 0:
+        time.sleep(0.5)  # without the rank-order barriers rank 1 would print first
+    ctx.sync_print("first", ctx.rank)
+    ctx.sync_print("second", end="!\n")
+    return ctx.rank
+
+
+@pytest.mark.distributed
+def test_sync_print_is_in_rank_order(capfd):
+    # spawned ranks inherit this process's stdout file descriptor, which capfd captures
+    assert run_distributed(_sync_print_worker, 2) == [0, 1]
+    lines = [ln for ln in capfd.readouterr().out.splitlines() if ln.startswith("[rank ")]
+    assert lines == ["[rank 0] first 0", "[rank 1] first 1", "[rank 0] second!", "[rank 1] second!"]
+
+
+def _shutdown_worker():
+    import torch.distributed as dist
+    from tgl_dist.dist import all_reduce_
+    ctx = DistributedContext.init(use_gpu=False)
+    x = torch.ones(1)
+    all_reduce_(x)
+    ctx.shutdown()
+    left = not dist.is_initialized()
+    ctx.shutdown()                    # a second call is harmless
+    ctx.barrier()                     # and the context degrades to a world without a group
+    return float(x), left, ctx.get_default_group() is None, ctx.new_group() is None
+
+
+@pytest.mark.distributed
+def test_two_ranks_shut_down_cleanly():
+    assert run_distributed(_shutdown_worker, 2, timeout=60) == [(2.0, True, True, True)] * 2
+
+
+@pytest.fixture
+def world_of_one_group(tmp_path, monkeypatch):
+    """A gloo process group of one made outside DistributedContext (destroyed afterwards)."""
+    import torch.distributed as dist
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    dist.init_process_group("gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_existing_group_backend_conflict_is_an_error(world_of_one_group):
+    with pytest.raises(ValueError, match=r"backend='nccl' conflicts .*backend 'gloo'"):
+        DistributedContext.init(backend="nccl", use_gpu=False)
+    ctx = DistributedContext.init(backend="gloo", use_gpu=False)   # the same backend joins
+    assert (ctx.rank, ctx.world_size, ctx.backend) == (0, 1, "gloo")
+    ctx = DistributedContext.init(use_gpu=False)                   # None adopts the group's
+    assert ctx.backend == "gloo" and ctx.get_default_group() is not None
+
+
 def _dead_peer_worker(out_file):
     from tgl_dist.dist import all_reduce_
     ctx = DistributedContext.init(use_gpu=False, timeout=5.0)

@@ -41,7 +41,14 @@ def test_malformed_line_extra_field_snap(tmp_path):
     p = write(tmp_path / "e.txt", "1 2 3\n4 5 6\n7 8 9 10\n")
     with pytest.raises(DataFormatError, match="found 4") as ei:
         load_snap(p)
-    check(ei, p, 3, None)
+    check(ei, p, 3, "column 4 (unexpected)")
+
+
+def test_too_many_fields_on_the_first_row_names_the_first_extra(tmp_path):
+    p = write(tmp_path / "e.txt", "# c\n1 2 3 4 5\n4 5 6 7 8\n")
+    with pytest.raises(DataFormatError, match="expected 3 fields .*found 5") as ei:
+        load_snap(p)
+    check(ei, p, 2, "column 4 (unexpected)")
 
 
 def test_empty_field_is_a_missing_field(tmp_path):

@@ -93,7 +93,7 @@ def test_from_temporal_span_and_count():
 
 def test_bitcoin_alpha_by_month(datasets_root):
     from tgl_dist.data import load_dataset
-    tg = load_dataset("bitcoin-alpha", root=datasets_root)
+    tg = load_dataset("bitcoin-alpha", root=datasets_root, download=False)
     g = from_temporal(tg, span="month")
     assert g.num_snapshots == 63                       # 2010-11 .. 2016-01
     assert g.num_edges == tg.num_events == 24186

@@ -170,6 +170,60 @@ def test_two_rank_loader(parts):
     assert [x["window"] for x in one] == [x["window"] for x in r0["val"][0]]
 
 
+def late_sources(graph, num_parts, seed=0):
+    """A hand-made book for 2 parts: part 1 owns the nodes first seen as a source after the
+    first quarter of the stream, so it owns no event (events go with their source) there."""
+    q = graph.num_events // 4
+    first = torch.full((graph.num_nodes,), graph.num_events, dtype=torch.long)
+    first.scatter_reduce_(0, graph.src, torch.arange(graph.num_events), "amin")
+    return (first >= q).long()
+
+
+def _real_empty_rank_worker(root):
+    from tgl_dist import DistributedContext
+    DistributedContext.init()
+    pdata = partition_load(root, "late_sources")
+    graph = DistributedGraphStore(pdata)
+    sampler = NeighborSampler(graph.num_nodes, 2, [5, 3], TemporalNeighborSampleGraph(pdata, "partitioned"),
+                              policy="uniform", workers=1)
+    res = {}
+    for strategy in ("random", "historical"):
+        ld = DistributedDataLoader(graph, "train", sampler, neg_sampler=NegativeSampling(strategy=strategy),
+                                   batch_size=50, queue_size=2)
+        res[strategy] = _collect(ld, 1)[0]
+    val = DistributedDataLoader(graph, "val", sampler, neg_sampler=NegativeSampling(), batch_size=50,
+                                train=False, queue_size=2)
+    res["val"] = _collect(val, 1)[0]
+    return pack(res)
+
+
+@pytest.mark.distributed
+def test_two_rank_loader_real_data_rank_without_events(datasets_root, tmp_path, monkeypatch):
+    # CollegeMsg (real): rank 1 owns no event in the first quarter of the stream, i.e. in
+    # the first windows; both ranks must still run the same steps and visit every event once
+    from tgl_dist.data import load_dataset
+    from tgl_dist.partition.registry import PARTITIONERS
+    full = load_dataset("collegemsg", root=datasets_root, download=False)
+    n = 3000
+    g = TemporalGraph(full.src[:n], full.dst[:n], full.t[:n], num_nodes=full.num_nodes, name="collegemsg3k")
+    monkeypatch.setitem(PARTITIONERS, "late_sources", late_sources)
+    path = partition_graph(g, 2, "late_sources", tmp_path)
+    owner = late_sources(g, 2)[g.src]
+    assert not bool(owner[:n // 4].any()) and bool(owner.any())
+    r0, r1 = [unpack(b) for b in run_distributed(_real_empty_rank_worker, 2, str(path.parent), timeout=120)]
+    for split, eids in (("random", g.eid[g.train_mask]), ("historical", g.eid[g.train_mask]),
+                        ("val", g.eid[g.val_mask])):
+        a, b = r0[split], r1[split]
+        assert len(a) == len(b) == -(-eids.numel() // 100), "ranks ran different numbers of steps"
+        assert [x["window"] for x in a] == [x["window"] for x in b]
+        seen = torch.cat([x["eid"] for x in a + b]).sort().values
+        assert torch.equal(seen, eids)
+        for x, y in zip(a, b):
+            assert bool((owner[x["eid"]] == 0).all()) and bool((owner[y["eid"]] == 1).all())
+    empty = [x["eid"].numel() == 0 for x in r1["random"]]
+    assert sum(empty) >= 5 and empty[0] and not all(empty)
+
+
 class RecordingMailbox:
     def __init__(self):
         self.calls = []

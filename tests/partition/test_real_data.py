@@ -7,7 +7,7 @@ from tgl_dist.partition import get_partitioner, partition_stats
 
 @pytest.fixture(scope="module", params=["wikipedia", "facebook-wall"])
 def real_graph(request, datasets_root):
-    return load_dataset(request.param, root=datasets_root)
+    return load_dataset(request.param, root=datasets_root, download=False)
 
 
 def test_counts(real_graph):

@@ -106,7 +106,15 @@ class Plan:
 
 def fetch_rows(owner: Tensor, local_row: Tensor, serve: Callable[[Tensor], Tensor],
                group=None) -> Tensor:
-    """Rows of any nodes (or edges): local ones directly, remote ones from their owners.
+    """Rows of any nodes (or edges), each served by its owner rank.
+
+    Local items take the same route as remote ones: their ids go through the
+    all-to-all's self slot (the caller's own segment of the send and receive
+    buffers), ``serve`` answers them together with the other ranks' requests, and the
+    rows come back through the self slot of the reply all-to-all. There is no
+    separate shortcut for them: they pay the same buffer copies, and wait on the same
+    collectives (counts, request, reply), as the remote ones. In a world of one all are local
+    copies.
 
     Args:
         owner: owner rank of each requested item, shape ``[n]``.

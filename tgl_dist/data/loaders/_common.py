@@ -128,7 +128,8 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
 
     Raises:
         DataFormatError: naming the line and field of a row with the wrong number of
-            columns or a field that is not a number.
+            columns (the first missing field, or ``column N (unexpected)`` for the first
+            extra one, 1-based) or of a field that is not a number.
     """
     path = Path(path)
     max_cols = min_cols if max_cols is None else max_cols
@@ -160,6 +161,10 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
     def name(c: int) -> str:
         return names[c] if c < len(names) else f"feature_{c - len(names)}"
 
+    def extra(c: int) -> str:
+        """The field name of 0-based column ``c`` when no column ``c`` is expected."""
+        return f"column {c + 1} (unexpected)"
+
     # chunks of whole lines, ~_CHUNK bytes each, bound the temporary memory
     cuts = np.unique(np.searchsorted(line_start, np.arange(0, max(rb.size, 1), _CHUNK)))
     bounds = np.append(cuts, n_lines).tolist()
@@ -182,14 +187,14 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
                       f"{min_cols} or more" if max_cols < 0 else f"{min_cols} to {max_cols}")
             if C < min_cols or (max_cols >= 0 and C > max_cols):
                 raise DataFormatError(path, f"expected {expect} fields ({', '.join(names)}), found {C}",
-                                      line=first_line, field=name(C) if C < min_cols else None)
+                                      line=first_line, field=name(C) if C < min_cols else extra(max_cols))
         bad = np.flatnonzero(ncols[data] != C)
         if bad.size:
             r = int(data[bad[0]])
             got = int(ncols[r])
             what = "missing" if got < C else "extra fields"
             raise DataFormatError(path, f"expected {C} fields like line {first_line}, found {got} ({what})",
-                                  line=l0 + r + 1, field=name(got) if got < C else None)
+                                  line=l0 + r + 1, field=name(got) if got < C else extra(C))
         drop = np.flatnonzero(com)
         if drop.size == 0:
             body = seg
