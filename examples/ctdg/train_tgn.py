@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="N (or Ns): every N training steps, counted over the run; Ne: every N "
                         "epochs. One is always written after the last epoch")
     p.add_argument("--checkpoint-keep-every", type=int, default=0,
-                   help="keep every N-th checkpoint version as a snapshot (0: only the latest)")
+                   help="also keep a snapshot every N epochs: the last checkpoint version at or "
+                        "before epochs N, 2N, ... (0: only the latest)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run committed in --checkpoint-dir up to --epochs in total "
                         "(starts from scratch when nothing is committed yet)")

@@ -15,16 +15,56 @@ from tgl_dist.testing import run_distributed
 def test_save_load_round_trip_and_pruning(tmp_path):
     mgr = CheckpointManager(tmp_path / "ck", keep_every=2, run_meta={"partition": "abc"})
     assert mgr.committed_version() is None
-    for step in range(1, 5):
-        v = mgr.save({"w": torch.full((3,), float(step))}, {"mem": torch.arange(step)}, {"step": step})
-        assert v == step
+    for epoch in range(1, 5):  # end-of-epoch checkpoints: meta (epoch, 0) = epochs done
+        v = mgr.save({"w": torch.full((3,), float(epoch))}, {"mem": torch.arange(epoch)},
+                     {"epoch": epoch, "step": 0})
+        assert v == epoch
     dense, shard, meta = mgr.load()
     assert torch.equal(dense["w"], torch.full((3,), 4.0))
     assert torch.equal(shard["mem"], torch.arange(4))
-    assert meta == {"step": 4}
+    assert meta == {"epoch": 4, "step": 0}
     kept = sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name.startswith("v"))
-    assert kept == ["v000002", "v000004"]  # v2 kept as a snapshot, v4 committed
-    assert mgr.load(version=2)[2] == {"step": 2}
+    assert kept == ["v000002", "v000004"]  # epoch 2 kept as a snapshot, v4 committed
+    assert mgr.load(version=2)[2] == {"epoch": 2, "step": 0}
+
+
+def _kept(ck):
+    return sorted(int(p.name[1:]) for p in ck.iterdir() if p.name.startswith("v"))
+
+
+def test_snapshots_are_chosen_by_epoch_not_version(tmp_path):
+    """keep_every=N keeps, per boundary of N, 2N... epochs, the last version at or before it."""
+    ck = tmp_path / "ck"
+    # step checkpoints every 2 steps of 5-step epochs, then the final end-of-epoch one;
+    # (e, 5) is the position after an epoch's last step (the examples' step hooks)
+    positions = [(0, 2), (0, 4), (1, 1), (1, 3), (1, 5), (2, 2), (2, 4), (3, 1), (3, 3),
+                 (3, 5), (4, 2), (4, 4), (5, 0)]
+    mgr = CheckpointManager(ck, keep_every=2)
+    for i, (epoch, step) in enumerate(positions, 1):
+        if i == 7:  # a resumed run: a new manager on the same folder decides the same
+            mgr = CheckpointManager(ck, keep_every=2)
+        assert mgr.save({"w": i}, {"m": i}, {"epoch": epoch, "step": step, "done": False}) == i
+    # v5 = (1, 5): last before 2 epochs; v10 = (3, 5): last before 4; v13 committed.
+    # Every 2nd *version* (v2, v4, v6...) is not what is kept.
+    assert _kept(ck) == [5, 10, 13]
+    assert mgr.load(version=5)[2]["epoch"] == 1 and mgr.load(version=10)[2]["step"] == 5
+    assert mgr.load()[2] == {"epoch": 5, "step": 0, "done": False}
+
+    # end-of-epoch checkpoints among step ones: the boundary checkpoint itself is kept
+    ck2 = tmp_path / "ck2"
+    mgr = CheckpointManager(ck2, keep_every=3)
+    for epoch, step in [(1, 0), (2, 0), (2, 3), (3, 0), (3, 2), (4, 0), (5, 0), (6, 0), (7, 0)]:
+        mgr.save(None, {}, {"epoch": epoch, "step": step})
+    assert _kept(ck2) == [4, 8, 9]  # (3, 0) and (6, 0); (2, 3) before (3, 0) is not kept
+
+    # versions without an epoch in meta are never snapshots; keep_every=0 drops snapshots
+    ck3 = tmp_path / "ck3"
+    mgr = CheckpointManager(ck3, keep_every=1)
+    for step in range(1, 4):
+        mgr.save(None, {}, {"step": step})
+    assert _kept(ck3) == [3]
+    CheckpointManager(ck2, keep_every=0).save(None, {}, {"epoch": 8, "step": 0})
+    assert _kept(ck2) == [10]
 
 
 def test_refuses_other_run_truncated_and_corrupt(tmp_path):
@@ -57,33 +97,75 @@ def test_other_world_size_refused(tmp_path):
         CheckpointManager(ck).load()
 
 
+# The writer: commits version 1, then writes version 2 with a 32 MB shard through a slow
+# disk (each write lands in 512 KiB pieces, 20 ms apart: ~1.3 s for the shard), so the
+# parent can SIGKILL it while the shard's temporary file is half written. The manager's
+# code is unchanged; only its module-level ``open`` is wrapped.
 _CHILD = r"""
-import sys, torch
-from tgl_dist.checkpoint import CheckpointManager
-mgr = CheckpointManager(sys.argv[1])
+import builtins, sys, time, torch
+import tgl_dist.checkpoint.manager as M
+
+class SlowFile:
+    def __init__(self, f):
+        self.f = f
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self.f.close()
+    def write(self, data):
+        mv = memoryview(data)
+        for i in range(0, len(mv), 1 << 19):
+            self.f.write(mv[i:i + (1 << 19)])
+            self.f.flush()
+            time.sleep(0.02)
+        return len(mv)
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+M.open = lambda path, mode="r", *a, **k: SlowFile(builtins.open(path, mode, *a, **k))
+mgr = M.CheckpointManager(sys.argv[1])
 mgr.save({"w": torch.ones(4)}, {"mem": torch.arange(10)}, {"step": 1})
-print("committed", flush=True)
-mgr.save({"w": torch.zeros(4)}, {"mem": torch.zeros(60_000_000)}, {"step": 2})  # ~240 MB, killed meanwhile
-print("second committed", flush=True)
+mgr.save({"w": torch.zeros(4)}, {"mem": torch.zeros(8_000_000)}, {"step": 2})  # killed meanwhile
 """
+_PAYLOAD = 8_000_000 * 4  # bytes of the shard's tensor alone: a complete shard file is larger
 
 
 def test_sigkill_mid_write_keeps_previous_version(tmp_path):
     ck = tmp_path / "ck"
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(ck)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "committed"
-    deadline = time.monotonic() + 60
-    while not (ck / "v000002").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    err = open(tmp_path / "child.err", "w+")
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(ck)], stdout=subprocess.DEVNULL,
+                            stderr=err)
+    tmp = ck / "v000002" / f".shard_0.pt.tmp-{proc.pid}"   # _atomic_write_bytes' temporary name
+    try:
+        deadline = time.monotonic() + 15
+        while not (tmp.is_file() and tmp.stat().st_size > 0):
+            err.seek(0)
+            assert proc.poll() is None, f"writer exited early: {err.read()[-2000:]}"
+            assert time.monotonic() < deadline, "timed out waiting for the shard write to start"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)                   # in the middle of writing the shard
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        err.close()
+    # the shard was half written and never renamed; version 2 has no manifest
+    assert 0 < tmp.stat().st_size < _PAYLOAD
+    assert not (ck / "v000002" / "shard_0.pt").exists()
+    assert not (ck / "v000002" / "manifest_0.json").exists()
     mgr = CheckpointManager(ck)
     assert mgr.committed_version() == 1
     dense, shard, meta = mgr.load()
     assert meta == {"step": 1} and torch.equal(shard["mem"], torch.arange(10))
-    # the next save replaces the half-written folder and commits version 2
+    with pytest.raises(CheckpointError, match="manifest_0.json: missing"):
+        mgr.load(version=2)                                  # the half-written version is refused
+    # the next save replaces the half-written folder (debris removed) and commits version 2
     assert mgr.save({"w": 2}, {"mem": torch.arange(3)}, {"step": 2}) == 2
-    assert mgr.load()[2] == {"step": 2}
+    assert sorted(p.name for p in (ck / "v000002").iterdir()) == [
+        "dense.pt", "manifest_0.json", "shard_0.pt"]
+    assert mgr.load()[2] == {"step": 2} and torch.equal(mgr.load()[1]["mem"], torch.arange(3))
+    assert _kept(ck) == [2]
 
 
 def _two_rank_ckpt(path):

@@ -1,6 +1,8 @@
 """The DTDG examples run end to end (1 epoch, tiny data) and print one JSON line."""
 import json
+import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +25,17 @@ def _tiny_json(path: Path, N: int = 30, T: int = 12) -> Path:
     return path
 
 
-def _run(script, args, tmp_path):
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(script, args, tmp_path, epochs=1, launcher=()):
+    """Run an example (``launcher``: e.g. torchrun's module and options) -> its last JSON line."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "dtdg" / script), *args,
-                          "--parts", str(tmp_path / "parts"), "--epochs", "1"],
+    out = subprocess.run([sys.executable, *launcher, str(REPO / "examples" / "dtdg" / script), *args,
+                          "--parts", str(tmp_path / "parts"), "--epochs", str(epochs)],
                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
@@ -52,3 +61,26 @@ def test_node_regression_example(tmp_path, datasets_root):
                tmp_path)
     assert res["model"] == "gconvgru" and res["data"] == "pedalme_london"
     assert res["test_mse"] > 0 and res["baseline_test_mse"] > 0 and res["snapshots_per_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_node_regression_example_torchrun_two_processes(tmp_path, datasets_root):
+    """``torchrun --nproc_per_node=2`` runs the example end to end and ends where 1 process
+    does: in float64 the models and the trainer follow the 1-process path (docs/dtdg.md:
+    identical metrics; checked here to 1e-5 relative, the exactness tests' tolerance)."""
+    args = ["--data", "pedalme_london", "--root", str(datasets_root), "--lags", "4",
+            "--hidden-dim", "8", "--dtype", "float64", "--algo", "random"]
+    one = _run("train_node_regression.py", args, tmp_path, epochs=2)
+    two = _run("train_node_regression.py", args, tmp_path, epochs=2,
+               launcher=["-m", "torch.distributed.run", "--nproc_per_node=2",
+                         "--master_port", str(_free_port())])
+    for k in ("model", "data", "task", "world_size", "epochs", "best_epoch", "test_mse",
+              "baseline_test_mse", "dev_mse", "snapshots_per_s", "train_windows", "test_windows"):
+        assert k in two, k
+    assert one["world_size"] == 1 and two["world_size"] == 2
+    assert two["epochs"] == one["epochs"] == 2 and two["best_epoch"] == one["best_epoch"]
+    assert two["train_windows"] == one["train_windows"] > 0
+    for k in ("test_mse", "dev_mse", "baseline_test_mse"):
+        assert math.isclose(two[k], one[k], rel_tol=1e-5), (k, one[k], two[k])
+    assert (tmp_path / "parts" / "pedalme_london" / "dtdg_random_2" / "manifest.json").is_file()

@@ -4,7 +4,7 @@ Layout (``P`` ranks, committed version 7, version 5 kept as a snapshot)::
 
     ckpt/
       VERSION                 # "7": the committed version, replaced atomically
-      v000005/                # every keep_every-th version is kept
+      v000005/                # a snapshot: the last version at or before epoch N, 2N, ...
       v000007/
         dense.pt              # model + optimizer state, written by rank 0
         shard_0.pt ... shard_{P-1}.pt   # each rank's own shards (memory, mailbox, embeddings, RNG...)
@@ -13,10 +13,10 @@ Layout (``P`` ranks, committed version 7, version 5 kept as a snapshot)::
 A save writes version v+1 in full on every rank (each file written to a
 temporary name, fsynced, renamed), then all ranks meet at a barrier, then rank 0
 writes ``VERSION`` (temporary file, fsync, rename, fsync of the folder): that one
-small write commits the version. Only then are older versions removed (except
-every ``keep_every``-th). A crash at any point before the commit leaves the
-previous version committed and loadable; the half-written folder is ignored and
-removed by the next save.
+small write commits the version. Only then are older versions removed, except
+the epoch snapshots (see :class:`CheckpointManager`). A crash at any point before
+the commit leaves the previous version committed and loadable; the half-written
+folder is ignored and removed by the next save.
 """
 from __future__ import annotations
 
@@ -92,8 +92,19 @@ class CheckpointManager:
     Args:
         path: checkpoint folder (shared by all ranks, e.g. a shared file system,
             or the same local path on a single machine).
-        keep_every: keep every ``keep_every``-th version as a snapshot (0 = keep
-            only the latest).
+        keep_every: ``N``: keep a snapshot every ``N`` epochs (0 = keep only the
+            latest version). Snapshots are chosen by the epoch in each version's
+            ``meta``, not by version number: for every boundary of ``N``, ``2N``, ...
+            completed epochs, the **last version committed at or before it** is kept,
+            i.e. the one whose position ``(meta['epoch'], meta['step'])`` is
+            ``<= (k*N, 0)`` while the next version's is past it. With end-of-epoch
+            checkpoints that is the checkpoint written after epoch ``k*N`` (meta
+            ``{'epoch': k*N, 'step': 0}``); with step checkpoints it is the last one
+            before the boundary (e.g. ``(k*N - 1, last step)``). A version is only
+            known to be the last one once a later version has passed the boundary, so
+            the decision is made when that later version is committed. Versions whose
+            meta has no integer ``'epoch'`` are never snapshots. Snapshots stay until
+            a save with ``keep_every=0`` removes them.
         run_meta: what must match on load: e.g. ``{"partition": fingerprint,
             "config": cfg}``. World size is always checked.
         group: process group (default: world).
@@ -163,13 +174,45 @@ class CheckpointManager:
         barrier(self.group)
         return v
 
+    def _position(self, v: int) -> Optional[Tuple[int, int]]:
+        """``(epoch, step)`` from version ``v``'s rank-0 manifest ``meta`` (``step``
+        defaults to 0); ``None`` when unreadable or without an integer epoch."""
+        try:
+            meta = json.loads((self._vdir(v) / "manifest_0.json").read_text()).get("meta") or {}
+            epoch, step = meta["epoch"], meta.get("step", 0)
+            if isinstance(epoch, bool) or isinstance(step, bool):
+                return None
+            return int(epoch), int(step)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def _is_snapshot(self, v: int, present) -> bool:
+        """Is version ``v`` (older than the committed one) the last version at or before
+        an epoch boundary ``k * keep_every`` (``k >= 1``), the next version past it?"""
+        if v + 1 not in present:
+            # versions are committed in sequence: v + 1 was committed and already
+            # pruned while v stayed, so v was found to be a snapshot then
+            return True
+        a, b = self._position(v), self._position(v + 1)
+        if a is None:
+            return False                                 # no epoch in its meta: never
+        if b is None:
+            return True                                  # v + 1 unreadable (half-removed): keep v
+        n = self.keep_every
+        first = a[0] if a[1] == 0 else a[0] + 1          # first whole epoch >= v's position
+        boundary = max(n, -(-first // n) * n)            # first multiple of N at or after it
+        return b > (boundary, 0)                         # v + 1 is past that boundary
+
     def _prune(self, committed: int) -> None:
+        """Remove every version but ``committed`` and the epoch snapshots (rank 0)."""
+        present = {}
         for p in self.path.iterdir():
             m = _VDIR.match(p.name)
-            if not m:
-                continue
-            n = int(m.group(1))
-            if n == committed or (self.keep_every and n % self.keep_every == 0 and n < committed):
+            if m:
+                present[int(m.group(1))] = p
+        for n, p in sorted(present.items()):
+            if n == committed or (self.keep_every > 0 and n < committed
+                                  and self._is_snapshot(n, present)):
                 continue
             shutil.rmtree(p, ignore_errors=True)
 

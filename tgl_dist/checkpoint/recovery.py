@@ -122,7 +122,7 @@ class RunCheckpoint:
             :meth:`guard` still work).
         every: ``--checkpoint-every`` text or :class:`Every` (default every epoch).
         run_meta: what must match on resume (partition identity, config, seed...).
-        keep_every: keep every N-th committed version as a snapshot (0: only the latest).
+        keep_every: keep a snapshot every N epochs (0: only the latest; see CheckpointManager).
         resume: :meth:`load` returns the committed version (``None`` when nothing was
             committed yet: a fresh start, so ``--resume`` is safe on a first launch).
         group: process group (default: world).

@@ -179,7 +179,7 @@ class GraphData:
                        seed: int = 0, force: bool = False) -> Path:
         """Partition the nodes and write one part per rank (see :func:`~tgl_dist.dtdg.save_partition`).
 
-        Returns the partition folder ``root/<name>/<algorithm>_<num_parts>``.
+        Returns the partition folder ``root/<name>/dtdg_<algorithm>_<num_parts>``.
         """
         from tgl_dist.dtdg.partition import save_partition
         return save_partition(self, root, num_parts, algorithm, seed=seed, force=force)
