@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tgl_dist.nn._attention_kernel import SegmentAttention, get_attention_kernel, kernel_usable
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
 from tgl_dist.sampling.block import Block
@@ -62,6 +63,56 @@ def padded_layout(block: Block) -> Optional[Tuple[Tensor, Tensor, int]]:
     start = torch.cumsum(cnt, 0) - cnt
     flat = dst * K + (torch.arange(M, device=dst.device) - start[dst])
     return flat, cnt, K
+
+
+def csr_offsets(block: Block) -> Optional[Tensor]:
+    """``ptr [D + 1]``: the edges of destination d are ``ptr[d] .. ptr[d+1]-1`` (CSR), or
+    ``None`` when the edges are not grouped by destination."""
+    dst = block.edge_index[1]
+    if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
+        return None
+    ptr = torch.zeros(block.num_dst + 1, dtype=torch.long, device=dst.device)
+    torch.cumsum(torch.bincount(dst, minlength=block.num_dst), 0, out=ptr[1:])
+    return ptr
+
+
+def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
+                   b_v: Optional[Tensor], hs: Optional[Tensor], idx: Optional[Tensor],
+                   x: Tensor, ptr: Tensor, num_head: int, leaky: bool, att_dropout: nn.Module,
+                   lib) -> Tensor:
+    """:func:`padded_attend` on edges in CSR order, the per-edge part in the compiled kernel.
+
+    Same algebra (``q . k_j = (W_k^T q) . x_j + q . b_k``, ``sum_j a_j v_j = W_v (sum_j
+    a_j x_j) + b_v sum_j a_j``); the scores, the softmax over each destination's edges,
+    the attention dropout and the weighted sum of the ``x_j`` run in one pass of
+    :class:`tgl_dist.nn._attention_kernel.SegmentAttention` (forward and backward), with
+    no padding and no per-edge copy of the node rows.
+
+    Args:
+        hs: ``[U, dn]`` node rows (or ``None`` when dn = 0); edge e's input row is
+            ``x_e = [hs[idx[e]] || x[e]]``. idx: ``[M]`` int64.
+        x: ``[M, C - dn]`` the edges' own inputs, edges of destination d at rows
+            ``ptr[d] .. ptr[d+1]-1``. ptr: ``[D + 1]`` int64 (:func:`csr_offsets`).
+        Others as :func:`padded_attend` (``w_k``, ``w_v``: ``[d, C]``).
+    Returns:
+        ``[D, d]``; zero for a destination without edges.
+    """
+    D, d = q.shape
+    M, C = x.size(0), w_k.size(1)
+    H = num_head
+    c = d // H
+    qh = q.view(D, H, c).transpose(0, 1)                                    # [H, D, c]
+    qk = torch.bmm(qh, w_k.view(H, c, C)).transpose(0, 1)                  # [D, H, C]
+    qb = None if b_k is None else (q.view(D, H, c) * b_k.view(H, c)).sum(-1)  # [D, H]
+    mask = None
+    if att_dropout.training and att_dropout.p > 0:
+        mask = F.dropout(x.new_ones(M, H), att_dropout.p, True)
+    agg, asum = SegmentAttention.apply(qk, qb, hs, idx, x, ptr, mask, 0.2 if leaky else None,
+                                       lib, 1)          # [D, H, C], [D, H]
+    out = torch.bmm(agg.transpose(0, 1), w_v.view(H, c, C).transpose(1, 2)).transpose(0, 1)
+    if b_v is not None:
+        out = out + asum.unsqueeze(-1) * b_v.view(H, c)
+    return out.reshape(D, d)
 
 
 class _PaddedScores(torch.autograd.Function):
@@ -189,6 +240,28 @@ class TemporalAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.att_dropout = nn.Dropout(att_dropout)
         self.padded = True  # False: the per-edge key/value formulation (reference path)
+        self.use_kernel = True  # the compiled segment kernel when available (else padded)
+
+    def _segment_inputs(self, block: Block, h: Tensor, rows: Optional[Tensor]):
+        """``(hs, idx, x)`` for :func:`segment_attend`: node rows with each edge's source row,
+        and ``x [M, dim_edge + dim_time] = [e_ij || phi(dt_ij)]``."""
+        hs = idx = None
+        if self.dim_node:
+            src = block.edge_index[0]
+            hs, idx = h, (src if rows is None else rows.index_select(0, src))
+        phi = self.time_enc(block.edata["dt"])
+        x = torch.cat([block.edata["f"].float(), phi], 1) if self.dim_edge else phi
+        return hs, idx, x
+
+    def _segment(self, block: Block, h: Tensor, rows: Optional[Tensor]):
+        """``(lib, ptr)`` when the compiled kernel computes this block's attention, else None."""
+        if not (self.use_kernel and self.padded) or block.num_edges == 0:
+            return None
+        lib = get_attention_kernel()
+        if lib is None or not kernel_usable(h, block.edata["dt"].float()[:1]):
+            return None
+        ptr = csr_offsets(block)
+        return None if ptr is None else (lib, ptr)
 
     def _padded_inputs(self, block: Block, h: Tensor, rows: Optional[Tensor],
                        layout: Tuple[Tensor, Tensor, int]) -> Tensor:
@@ -215,7 +288,8 @@ class TemporalAttention(nn.Module):
     def forward(self, block: Block, h: Tensor, rows: Optional[Tensor] = None) -> Tensor:
         D, M, H = block.num_dst, block.num_edges, self.num_head
         h_dst = h[:D] if rows is None else h.index_select(0, rows[:D])
-        layout = padded_layout(block) if self.padded else None
+        seg = self._segment(block, h, rows) if M else None
+        layout = padded_layout(block) if self.padded and seg is None else None
         if M == 0:
             agg = h.new_zeros((D, self.dim_out))
         else:
@@ -225,7 +299,12 @@ class TemporalAttention(nn.Module):
             # q = W_q [h_i || phi(0)]: the phi(0) part is a constant vector
             q_const = F.linear(self.time_enc(h.new_zeros(1)), w[:, dn:], b)
             q = torch.addmm(q_const, h_dst, w[:, :dn].t()) if dn else q_const.expand(D, -1)
-        if M and layout is not None:
+        if seg is not None:
+            d, wkv, bkv = self.dim_out, self.w_kv.weight, self.w_kv.bias
+            agg = segment_attend(q.contiguous(), wkv[:d], bkv[:d], wkv[d:], bkv[d:],
+                                 *self._segment_inputs(block, h, rows), seg[1], H, True,
+                                 self.att_dropout, seg[0])
+        elif M and layout is not None:
             d, wkv, bkv = self.dim_out, self.w_kv.weight, self.w_kv.bias
             xp = self._padded_inputs(block, h, rows, layout)
             agg = padded_attend(q.contiguous(), wkv[:d], bkv[:d], wkv[d:], bkv[d:], xp,
@@ -306,14 +385,22 @@ class TGNAttention(TemporalAttention):
         self.dropout = nn.Dropout(dropout)
         self.att_dropout = nn.Dropout(att_dropout)
         self.padded = True
+        self.use_kernel = True
 
     def forward(self, block: Block, h: Tensor, rows: Optional[Tensor] = None) -> Tensor:
         D, M, H, W = block.num_dst, block.num_edges, self.num_head, self.width
         h_dst = h[:D] if rows is None else h.index_select(0, rows[:D])
         x = torch.cat([h_dst, self.time_enc(h.new_zeros(1)).expand(D, -1)], 1)
-        layout = padded_layout(block) if self.padded else None
+        seg = self._segment(block, h, rows) if M else None
+        layout = padded_layout(block) if self.padded and seg is None else None
         if M == 0:
             agg = h.new_zeros((D, W))
+        elif seg is not None:
+            q = F.linear(x, self.w_q.weight) * (W // H) ** -0.5
+            wkv = self.w_kv.weight
+            agg = segment_attend(q, wkv[:W], None, wkv[W:], None,
+                                 *self._segment_inputs(block, h, rows), seg[1], H, False,
+                                 self.att_dropout, seg[0])
         elif layout is not None:
             q = F.linear(x, self.w_q.weight) * (W // H) ** -0.5
             wkv = self.w_kv.weight

@@ -66,24 +66,26 @@ def compiler() -> Optional[Sequence[str]]:
     return None
 
 
-def build(cc: Sequence[str], directory: Path, source: Path = SOURCE) -> Path:
-    """Compile ``source`` with ``cc`` into ``directory`` (reused when already built).
+def build(cc: Sequence[str], directory: Path, source: Path = SOURCE,
+          flags: Sequence[str] = FLAGS, libs: Sequence[str] = ()) -> Path:
+    """Compile ``source`` with ``cc`` and ``flags`` into ``directory`` (reused when already
+    built; the file is named after the source and the hash of source, command and platform).
 
     Raises:
         RuntimeError: the compiler failed (its first error line in the message).
         OSError: the source cannot be read or nothing can be written.
     """
     code = source.read_bytes()
-    key = hashlib.sha256(b"\0".join([code, " ".join(cc).encode(), " ".join(FLAGS).encode(),
+    key = hashlib.sha256(b"\0".join([code, " ".join(cc).encode(), " ".join([*flags, *libs]).encode(),
                                      sys.platform.encode(), platform.machine().encode()])).hexdigest()[:16]
-    out = directory / f"sampler-{key}.so"
+    out = directory / f"{source.stem.lstrip('_')}-{key}.so"
     if out.exists():
         return out
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=out.stem + ".", suffix=".tmp.so", dir=directory)
     os.close(fd)
     try:
-        cmd = [*cc, *FLAGS, str(source), "-o", tmp]
+        cmd = [*cc, *flags, str(source), "-o", tmp, *libs]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
             lines = [ln for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]

@@ -1,0 +1,217 @@
+"""The compiled segment-attention kernel (tgl_dist/nn/_attention.c) against torch references:
+the kernel's own contract in float64, and the attention layers' three paths (kernel,
+padded, per-edge keys) on the same blocks, values and gradients."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from blocks_util import make_batch
+from tgl_dist.nn import TemporalAttention, TGNAttention
+from tgl_dist.nn._attention_kernel import SegmentAttention, get_attention_kernel
+from tgl_dist.nn.attention import csr_offsets
+from tgl_dist.sampling.block import Block
+
+LIB = get_attention_kernel()
+needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the attention kernel "
+                                  "cannot be built (the layers use their torch paths)")
+
+
+def _reference(qx, qb, hs, idx, X, ptr, mask, slope):
+    """The kernel's contract, written with torch ops over edges (float64)."""
+    D, H, _ = qx.shape
+    M = int(ptr[-1])
+    dst = torch.repeat_interleave(torch.arange(D), ptr[1:] - ptr[:-1])
+    parts = ([hs[idx]] if hs is not None else []) + ([X] if X is not None else [])
+    xe = torch.cat(parts, 1)                                            # [M, Cx]
+    s = (qx[dst] * xe.unsqueeze(1)).sum(-1)                             # [M, H]
+    if qb is not None:
+        s = s + qb[dst]
+    if slope is not None:
+        s = torch.nn.functional.leaky_relu(s, slope)
+    smax = torch.full((D, H), -float("inf"), dtype=s.dtype).scatter_reduce(
+        0, dst.unsqueeze(1).expand(M, H), s, "amax")
+    e = (s - smax[dst]).exp()
+    den = torch.zeros(D, H, dtype=s.dtype).index_add(0, dst, e)
+    w = e / den[dst]
+    if mask is not None:
+        w = w * mask
+    aggx = torch.zeros(D, H, xe.size(1), dtype=s.dtype).index_add(0, dst, w.unsqueeze(-1) * xe.unsqueeze(1))
+    asum = torch.zeros(D, H, dtype=s.dtype).index_add(0, dst, w)
+    return aggx, asum
+
+
+def _case(seed, D=7, H=3, dn=5, cx=4, U=9, with_qb=True, with_mask=False):
+    g = torch.Generator().manual_seed(seed)
+    deg = torch.randint(0, 5, (D,), generator=g)
+    deg[1] = 0                                              # an empty destination
+    ptr = torch.zeros(D + 1, dtype=torch.long)
+    ptr[1:] = torch.cumsum(deg, 0)
+    M = int(ptr[-1])
+    qx = torch.randn(D, H, dn + cx, generator=g)
+    qb = torch.randn(D, H, generator=g) if with_qb else None
+    hs = torch.randn(U, dn, generator=g) if dn else None
+    idx = torch.randint(0, U, (M,), generator=g) if dn else None
+    X = torch.randn(M, cx, generator=g) if cx else None
+    mask = (torch.rand(M, H, generator=g) > 0.3).float() / 0.7 if with_mask else None
+    return qx, qb, hs, idx, X, ptr, mask
+
+
+@needs_kernel
+@pytest.mark.parametrize("dn,cx", [(5, 4), (0, 4), (5, 0)])
+@pytest.mark.parametrize("slope", [None, 0.2])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_kernel_matches_its_contract(dn, cx, slope, with_mask):
+    qx, qb, hs, idx, X, ptr, mask = _case(1, dn=dn, cx=cx, with_mask=with_mask)
+    leaves = [t for t in (qx, qb, hs, X) if t is not None]
+    for t in leaves:
+        t.requires_grad_(True)
+    aggx, asum = SegmentAttention.apply(qx, qb, hs, idx, X, ptr, mask, slope, LIB, 1)
+    g1, g2 = torch.randn_like(aggx), torch.randn_like(asum)
+    got = torch.autograd.grad((aggx * g1).sum() + (asum * g2).sum(), leaves)
+    d64 = [t.detach().double().requires_grad_(True) for t in leaves]
+    it = iter(d64)
+    args = [next(it) if t is not None else None for t in (qx, qb, hs)]
+    x64 = next(it) if X is not None else None
+    raggx, rasum = _reference(args[0], args[1], args[2], idx, x64, ptr,
+                              None if mask is None else mask.double(), slope)
+    want = torch.autograd.grad((raggx * g1.double()).sum() + (rasum * g2.double()).sum(), d64)
+    assert torch.allclose(aggx.double(), raggx, atol=1e-5)
+    assert torch.allclose(asum.double(), rasum, atol=1e-5)
+    assert float(aggx[1].abs().max()) == 0.0 and float(asum[1].abs().max()) == 0.0  # no edges
+    for a, b in zip(got, want):
+        assert torch.allclose(a.double(), b, atol=1e-4), float((a.double() - b).abs().max())
+
+
+@needs_kernel
+def test_kernel_threads_give_the_same_result():
+    qx, qb, hs, idx, X, ptr, mask = _case(2, D=40)
+    for t in (qx, hs, X):
+        t.requires_grad_(True)
+    res = []
+    for threads in (1, 3):
+        out = SegmentAttention.apply(qx, qb, hs, idx, X, ptr, mask, 0.2, LIB, threads)
+        res.append([*out, *torch.autograd.grad(out[0].square().sum(), [qx, hs, X])])
+    for a, b in zip(*res):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+@needs_kernel
+def test_kernel_rejects_bad_indices_and_too_many_heads():
+    qx, qb, hs, idx, X, ptr, mask = _case(3)
+    bad = idx.clone()
+    bad[0] = hs.size(0)
+    with pytest.raises(ValueError, match="idx must hold"):
+        SegmentAttention.apply(qx, qb, hs, bad, X, ptr, mask, None, LIB, 1)
+    with pytest.raises(ValueError, match="qx has width"):
+        SegmentAttention.apply(qx[..., 1:], qb, hs, idx, X, ptr, mask, None, LIB, 1)
+    big = torch.randn(qx.size(0), 17, qx.size(2))
+    with pytest.raises(ValueError, match="at most 16 heads"):
+        SegmentAttention.apply(big, None, hs, idx, X, ptr, None, None, LIB, 1)
+
+
+def _three_paths(layer, b, h, rows):
+    """(output, grads) of the kernel, padded and per-edge paths of ``layer``."""
+    res = []
+    for kernel, padded in ((True, True), (False, True), (False, False)):
+        layer.use_kernel, layer.padded = kernel, padded
+        out = layer(b, h, rows)
+        grads = torch.autograd.grad((out ** 2).sum(), [h] + list(layer.parameters()))
+        res.append((out, grads))
+    layer.use_kernel = layer.padded = True
+    return res
+
+
+@needs_kernel
+@pytest.mark.parametrize("cls", [TemporalAttention, TGNAttention])
+@pytest.mark.parametrize("dim_edge", [0, 3])
+@pytest.mark.parametrize("use_rows", [False, True])
+def test_layers_kernel_equals_padded_and_per_edge(cls, dim_edge, use_rows):
+    torch.manual_seed(0)
+    layer = cls(8, dim_edge, 4, 8, num_head=2).eval()
+    _, mfgs, _ = make_batch(6, 30, [4], dim_edge=dim_edge, seed=1)
+    b = mfgs[0]
+    assert layer._segment(b, torch.zeros(1, 8), None) is not None  # the kernel path is taken
+    assert int(torch.bincount(b.edge_index[1], minlength=b.num_dst).min()) == 0
+    rows = None
+    h = torch.randn(b.num_src, 8, requires_grad=True)
+    if use_rows:  # distinct-row input: source i reads h[rows[i]]
+        rows = torch.randint(0, 5, (b.num_src,))
+        h = torch.randn(5, 8, requires_grad=True)
+    (o1, g1), (o2, g2), (o3, g3) = _three_paths(layer, b, h, rows)
+    assert torch.allclose(o1, o3, atol=1e-5) and torch.allclose(o2, o3, atol=1e-5)
+    for a, c, e in zip(g1, g2, g3):
+        assert torch.allclose(a, e, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(c, e, atol=1e-4, rtol=1e-4)
+
+
+@needs_kernel
+def test_layer_attention_dropout_through_the_kernel_is_a_mask_on_the_weights():
+    """Training mode: the kernel path's output equals the per-edge path's under the same
+    dropout mask (the same generator state draws the same [M, H] mask in both)."""
+    torch.manual_seed(0)
+    layer = TemporalAttention(8, 3, 4, 8, num_head=2, att_dropout=0.5).train()
+    layer.dropout.p = 0.0
+    _, mfgs, _ = make_batch(6, 30, [4], dim_edge=3, seed=4)
+    b = mfgs[0]
+    h = torch.randn(b.num_src, 8)
+    outs = []
+    for kernel, padded in ((True, True), (False, False)):
+        layer.use_kernel, layer.padded = kernel, padded
+        torch.manual_seed(7)
+        outs.append(layer(b, h))
+    torch.manual_seed(8)
+    layer.use_kernel = layer.padded = True
+    other = layer(b, h)
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    assert not torch.allclose(outs[0], other, atol=1e-3)  # the mask really is random
+
+
+@needs_kernel
+def test_unsorted_edges_fall_back_to_the_torch_path():
+    torch.manual_seed(0)
+    layer = TemporalAttention(8, 3, 4, 8, num_head=2).eval()
+    _, mfgs, _ = make_batch(6, 30, [4], dim_edge=3, seed=5)
+    b = mfgs[0]
+    perm = torch.randperm(b.num_edges)
+    shuffled = Block(b.srcdata, {k: v[perm] for k, v in b.edata.items()}, b.edge_index[:, perm],
+                     b.num_dst)
+    assert csr_offsets(shuffled) is None and csr_offsets(b) is not None
+    h = torch.randn(b.num_src, 8)
+    assert layer._segment(shuffled, h, None) is None
+    with torch.no_grad():
+        assert torch.allclose(layer(shuffled, h), layer(b, h), atol=1e-5)
+
+
+def test_no_kernel_env_selects_the_torch_paths_silently():
+    code = ("import logging, sys; logging.basicConfig(stream=sys.stdout);"
+            "from tgl_dist.nn._attention_kernel import get_attention_kernel as g;"
+            "print('KERNEL', g())")
+    env = {**os.environ, "TGL_DIST_NO_KERNEL": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "KERNEL None"  # no warning line either
+
+
+def test_missing_compiler_warns_once_and_layers_still_work(tmp_path):
+    code = ("import logging, sys, torch; logging.basicConfig(stream=sys.stdout);"
+            "sys.path.insert(0, 'tests/models');"
+            "from blocks_util import make_batch;"
+            "from tgl_dist.nn import TemporalAttention;"
+            "from tgl_dist.nn._attention_kernel import get_attention_kernel as g;"
+            "print('KERNEL', g()); print('KERNEL', g());"
+            "_, m, _ = make_batch(4, 20, [3], seed=1);"
+            "out = TemporalAttention(8, 0, 4, 8, num_head=2)(m[0], torch.randn(m[0].num_src, 8));"
+            "print('SHAPE', tuple(out.shape))")
+    env = {**os.environ, "CC": "/nonexistent/cc", "TGL_DIST_CACHE_DIR": str(tmp_path)}
+    env.pop("TGL_DIST_NO_KERNEL", None)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=repo).stdout
+    lines = out.strip().splitlines()
+    assert lines.count("KERNEL None") == 2
+    warnings = [ln for ln in lines if "attention kernel is unavailable" in ln]
+    assert len(warnings) == 1
+    assert lines[-1] == "SHAPE (12, 8)"  # 4 x (src, dst, neg) destinations

@@ -1,0 +1,174 @@
+"""The compiled segment-attention kernel (``_attention.c``) and its autograd function.
+
+Built and cached like the sampling kernel (:mod:`tgl_dist.sampling._ckernel`: plain C,
+the system compiler, about a second on first use). :func:`get_attention_kernel`
+returns ``None`` when it cannot be built; the attention layers then use their torch
+formulations, which compute the same values (``tests/models/test_fast_paths.py``
+compares all three), and ONE warning per process says why.
+``TGL_DIST_NO_KERNEL=1`` selects the torch paths without a warning.
+
+:class:`SegmentAttention` is what the layers call. Shapes (D destinations, M edges in
+destination order, H heads, Cx the width of an edge's input row)::
+
+    qx   [D, H, Cx]  per-head query folded into the key projection (W_k,h^T q_h)
+    qb   [D, H]      per-head q . b_k (or None)
+    X    [M, Cx]     edge input rows [h_j || e_ij || phi(dt_ij)] (the h_j part gathered in
+                     the kernel from node rows hs [U, dn] by idx [M])
+    ptr  [D + 1]     int64 CSR offsets: the edges of d are rows ptr[d] .. ptr[d+1]-1
+    mask [M, H]      attention-dropout multipliers (or None)
+    ->  aggx [D, H, Cx] = sum_e w[e,h] X[e],  asum [D, H] = sum_e w[e,h]
+
+with ``w = softmax_e(act(qx . X + qb)) * mask`` per destination and head.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from tgl_dist.sampling._ckernel import FLAGS, build, cache_dir, compiler
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("_attention.c")
+ABI = 2
+MAX_HEADS = 16  # HMAX in _attention.c
+_P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.tgl_att_abi.restype = _I64
+    if lib.tgl_att_abi() != ABI:
+        raise RuntimeError(f"{path} has attention kernel ABI {lib.tgl_att_abi()}, expected {ABI}")
+    lib.tgl_att_fwd.restype = None
+    lib.tgl_att_fwd.argtypes = [_I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _F,
+                                _P, _P, _P, _P, _INT]
+    lib.tgl_att_bwd.restype = None
+    lib.tgl_att_bwd.argtypes = [_I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, _F,
+                                _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT]
+    return lib
+
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_error: Optional[str] = None
+_warned = False
+
+
+def load_attention_kernel() -> ctypes.CDLL:
+    """The process's kernel, built on the first call; ``RuntimeError`` with the reason when
+    it cannot be built (one build attempt per process)."""
+    global _lib, _error
+    if os.environ.get("TGL_DIST_NO_KERNEL", "0") not in ("", "0"):
+        raise RuntimeError("the compiled kernels are disabled by TGL_DIST_NO_KERNEL")
+    with _lock:
+        if _lib is None and _error is None:
+            try:
+                cc = compiler()
+                if not cc:
+                    raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
+                try:
+                    path = build(cc, cache_dir(), SOURCE, FLAGS, ("-lm",))
+                except OSError:  # cache not writable: build in the temp dir
+                    uid = os.getuid() if hasattr(os, "getuid") else 0
+                    path = build(cc, Path(tempfile.gettempdir()) / f"tgl_dist-{uid}", SOURCE,
+                                 FLAGS, ("-lm",))
+                _lib = _load(path)
+            except Exception as e:  # noqa: BLE001 - any failure means: no kernel
+                _error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if _lib is None:
+            raise RuntimeError(_error)
+        return _lib
+
+
+def get_attention_kernel() -> Optional[ctypes.CDLL]:
+    """The kernel, or ``None`` (then ONE warning per process, unless TGL_DIST_NO_KERNEL=1)."""
+    global _warned
+    try:
+        return load_attention_kernel()
+    except RuntimeError as e:
+        if os.environ.get("TGL_DIST_NO_KERNEL", "0") in ("", "0") and not _warned:
+            _warned = True
+            log.warning("tgl_dist: the compiled attention kernel is unavailable (%s); the "
+                        "attention layers use their torch formulation (same values, several "
+                        "times slower). To fix: install a C compiler or set CC; set "
+                        "TGL_DIST_NO_KERNEL=1 to use the torch paths without this warning.", e)
+        return None
+
+
+def kernel_usable(*tensors: Optional[Tensor]) -> bool:
+    """Whether the kernel applies: float32 tensors on the CPU."""
+    return all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors)
+
+
+def _ptr(t: Optional[Tensor]):
+    return None if t is None else t.data_ptr()
+
+
+class SegmentAttention(torch.autograd.Function):
+    """``(aggx [D, H, dn + cx], asum [D, H])`` (see the module docstring).
+
+    Edge e's input row is ``[hs[idx[e]] || X[e]]``: ``hs [U, dn]`` node rows gathered by
+    ``idx [M]`` inside the kernel (no ``[M, dn]`` copy; their gradient is summed back
+    into ``[U, dn]`` there too) and ``X [M, cx]`` the edge's own part. Either may be
+    ``None``. Gradients flow to ``qx``, ``qb``, ``hs`` and ``X``; ``idx``, ``ptr`` and
+    ``mask`` are data. ``slope``: LeakyReLU slope of the scores, or ``None``.
+    """
+
+    @staticmethod
+    def forward(ctx, qx: Tensor, qb: Optional[Tensor], hs: Optional[Tensor], idx: Optional[Tensor],
+                X: Optional[Tensor], ptr: Tensor, mask: Optional[Tensor], slope: Optional[float],
+                lib, threads: int):
+        D, H, Cx = qx.shape
+        if H > MAX_HEADS:
+            raise ValueError(f"the attention kernel supports at most {MAX_HEADS} heads, got {H}")
+        M = int(ptr[-1])
+        dn = 0 if hs is None else hs.size(1)
+        cx = 0 if X is None else X.size(1)
+        if dn + cx != Cx:
+            raise ValueError(f"qx has width {Cx} but the edge rows have {dn} + {cx}")
+        qx, ptr = qx.contiguous(), ptr.contiguous()
+        qb, hs, idx, X, mask = (None if t is None else t.contiguous() for t in (qb, hs, idx, X, mask))
+        if dn and (idx is None or idx.numel() != M or (M and not 0 <= int(idx.min()) <= int(idx.max()) < hs.size(0))):
+            raise ValueError(f"idx must hold {M} row numbers of hs (0..{hs.size(0) - 1})")
+        s, alpha = torch.empty(M, H), torch.empty(M, H)
+        aggx, asum = torch.empty(D, H, Cx), torch.empty(D, H)
+        act = 0 if slope is None else 1
+        threads = max(1, int(threads))
+        lib.tgl_att_fwd(D, H, dn, cx, ptr.data_ptr(), qx.data_ptr(), _ptr(qb), _ptr(hs), _ptr(idx),
+                        _ptr(X), _ptr(mask), act, float(slope or 0.0), s.data_ptr(),
+                        alpha.data_ptr(), aggx.data_ptr(), asum.data_ptr(), threads)
+        ctx.save_for_backward(qx, hs, idx, X, ptr, mask, s, alpha)
+        ctx.has_qb, ctx.act, ctx.slope, ctx.lib, ctx.threads = qb is not None, act, slope, lib, threads
+        return aggx, asum
+
+    @staticmethod
+    def backward(ctx, g_aggx: Tensor, g_asum: Optional[Tensor]):
+        qx, hs, idx, X, ptr, mask, s, alpha = ctx.saved_tensors
+        D, H, Cx = qx.shape
+        M = s.size(0)
+        dn = 0 if hs is None else hs.size(1)
+        cx = 0 if X is None else X.size(1)
+        g_aggx = g_aggx.contiguous() if g_aggx is not None else torch.zeros_like(qx)
+        g_asum = None if g_asum is None else g_asum.contiguous()
+        g_qx = torch.empty_like(qx)
+        g_qb = torch.empty(D, H) if ctx.has_qb else None
+        g_X = None if X is None else torch.empty_like(X)
+        g_xh = torch.empty(M, dn) if dn else None
+        g_hs = torch.empty_like(hs) if dn else None
+        tmp, work = torch.empty_like(alpha), torch.empty(ctx.threads, Cx)
+        U = 0 if hs is None else hs.size(0)
+        ctx.lib.tgl_att_bwd(D, H, dn, cx, U, ptr.data_ptr(), qx.data_ptr(), _ptr(hs), _ptr(idx),
+                            _ptr(X), _ptr(mask), ctx.act, float(ctx.slope or 0.0), s.data_ptr(),
+                            alpha.data_ptr(), g_aggx.data_ptr(), _ptr(g_asum), g_qx.data_ptr(),
+                            _ptr(g_qb), _ptr(g_X), _ptr(g_xh), _ptr(g_hs), tmp.data_ptr(),
+                            work.data_ptr(), ctx.threads)
+        return g_qx, g_qb, g_hs, None, g_X, None, None, None, None, None
