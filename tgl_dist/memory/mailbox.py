@@ -12,8 +12,10 @@ State per owned node (algorithms.md §1), zeroed by :meth:`SharedMailBox.reset`:
 The Mailbox API (the names users of StarryGL / the reference docs know):
 
 * :meth:`prepare_input` (the loader calls it before yielding a batch): fetch the
-  state of every input node from its owner (one all-to-all) and attach it to the
-  input block as ``'mem'``, ``'mem_ts'``, ``'mail'``, ``'mail_ts'``.
+  state of every input node from its owner (one all-to-all, one row per distinct
+  node) and attach it to the input block as ``'mem'``, ``'mem_ts'``, ``'mail'``,
+  ``'mail_ts'`` (per source row, gathered on first access) and as the compact
+  ``srcdata.memdata`` (per distinct node, what the built-in models read).
 * :meth:`get_update_memory` / :meth:`get_update_mail`: build this step's updates,
   one per node (the latest by timestamp).
 * :meth:`set_mailbox_all_to_all`: send every update to its owner, which resolves
@@ -41,6 +43,7 @@ from torch import Tensor
 
 from tgl_dist.dist import PartitionBook, Plan, fetch_rows, world
 from tgl_dist.memory.dedup import latest_per_key, mean_per_key
+from tgl_dist.nn.unique import unique_first
 from tgl_dist.sampling.block import Block, Roots
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,59 @@ def _bits(x: Tensor) -> Tensor:
 
 def _unbits(x: Tensor, dtype) -> Tensor:
     return x.contiguous().view(dtype).view(-1)
+
+
+MEMORY_KEYS = ("mem", "mem_ts", "mail", "mail_ts")
+
+
+class MemorySrcData(dict):
+    """A block's ``srcdata`` whose memory entries are gathered on first access.
+
+    :meth:`SharedMailBox.prepare_input` fetches one row of state per **distinct** node
+    of the input block (a node occurs many times: as a root and as the neighbour of
+    other roots; ~700 distinct among ~4,800 sources in a Wikipedia batch of 200) and
+    keeps them in ``memdata``:
+
+    * ``'ID' [U]`` distinct global ids (sorted), ``'first' [U]`` the source row of each
+      one's first occurrence, ``'index' [S]`` the distinct row of each source row;
+    * ``'mem' [U, d_m]``, ``'mem_ts' [U]``, ``'mail' [U, K, d_mail]``, ``'mail_ts' [U, K]``.
+
+    ``srcdata['mem']`` (and the other three) is ``memdata['mem'][memdata['index']]``,
+    built when first read and then stored, so code written against per-source rows
+    works unchanged while the built-in models read ``memdata`` and never pay for it.
+    """
+
+    def __init__(self, base: Mapping[str, Tensor], memdata: dict) -> None:
+        super().__init__({k: v for k, v in base.items() if k not in MEMORY_KEYS})
+        self.memdata = memdata
+
+    def __missing__(self, key: str) -> Tensor:
+        if key in MEMORY_KEYS:
+            v = self.memdata[key].index_select(0, self.memdata["index"])
+            dict.__setitem__(self, key, v)
+            return v
+        raise KeyError(key)
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or key in MEMORY_KEYS
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def keys(self):
+        return list(dict.keys(self)) + [k for k in MEMORY_KEYS if not dict.__contains__(self, k)]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def items(self):
+        return [(k, self[k]) for k in self.keys()]
+
+    def values(self):
+        return [self[k] for k in self.keys()]
 
 
 class SharedMailBox:
@@ -153,36 +209,54 @@ class SharedMailBox:
         return torch.cat([mem, _bits(mts), mail.reshape(n, -1),
                           _bits(mailts.reshape(-1)).reshape(n, -1)], 1)
 
+    def read_unique(self, global_ids: Tensor) -> dict:
+        """State of the distinct nodes among ``global_ids`` (collective on several ranks).
+
+        Args:
+            global_ids: ``[n]`` node ids (repeats allowed).
+        Returns:
+            ``{'ID' [U], 'first' [U], 'index' [n], 'mem' [U, d_m], 'mem_ts' [U],
+            'mail' [U, K, d_mail], 'mail_ts' [U, K]}``: distinct ids (sorted), the position
+            of each one's first occurrence, the distinct row of each position, and their
+            state (see :class:`MemorySrcData`).
+        """
+        global_ids = global_ids.to(self.device)
+        first, index = unique_first(global_ids)
+        uniq = global_ids.index_select(0, first)
+        if self.world_size == 1:
+            mem, mts, mail, mailts = self._rows(self._local(uniq))
+        else:
+            owner, local = self.book.locate(uniq)
+            packed = fetch_rows(owner, local, self._serve, self.group)
+            d, K, dm = self.dim_memory, self.mailbox_size, self.dim_mail
+            mem, mts, mail, mailts = packed.split([d, 2, K * dm, 2 * K], 1)
+            mts, mail = _unbits(mts, torch.float64), mail.reshape(-1, K, dm)
+            mailts = _unbits(mailts, torch.float64).view(-1, K)
+        return {"ID": uniq, "first": first, "index": index, "mem": mem, "mem_ts": mts,
+                "mail": mail, "mail_ts": mailts}
+
     def read(self, global_ids: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """State of any nodes (a collective when the world has several ranks).
+        """State of any nodes, one row per id (a collective when the world has several ranks).
 
         Args:
             global_ids: ``[n]`` node ids.
         Returns:
             ``memory [n, d_m]``, ``memory_ts [n]``, ``mail [n, K, d_mail]``, ``mail_ts [n, K]``.
         """
-        global_ids = global_ids.to(self.device)
-        if self.world_size == 1:
-            return self._rows(self._local(global_ids))
-        uniq, inv = torch.unique(global_ids, return_inverse=True)
-        owner, local = self.book.locate(uniq)
-        packed = fetch_rows(owner, local, self._serve, self.group)[inv]
-        d, K, dm = self.dim_memory, self.mailbox_size, self.dim_mail
-        mem, mts, mail, mailts = packed.split([d, 2, K * dm, 2 * K], 1)
-        return (mem, _unbits(mts, torch.float64), mail.reshape(-1, K, dm),
-                _unbits(mailts, torch.float64).view(-1, K))
+        md = self.read_unique(global_ids)
+        return tuple(md[k].index_select(0, md["index"]) for k in MEMORY_KEYS)
 
     def prepare_input(self, mfgs: List[Block]) -> None:
-        """Attach ``'mem'``, ``'mem_ts'``, ``'mail'``, ``'mail_ts'`` of every input node.
+        """Attach the state of every input node to ``mfgs[0]``.
 
-        ``mfgs[0]`` (the input layer) contains every node of the batch; its
-        ``srcdata['ID']`` are fetched from their owners (one all-to-all; a plain index
-        in a world of one). Collective: every rank calls it once per step.
+        ``mfgs[0]`` (the input layer) contains every node of the batch; the state of
+        its distinct ``srcdata['ID']`` is fetched from their owners (one all-to-all; a
+        plain index in a world of one) and attached as ``srcdata.memdata``, with
+        ``srcdata['mem']``, ``['mem_ts']``, ``['mail']``, ``['mail_ts']`` readable per
+        source row (:class:`MemorySrcData`). Collective: every rank calls it once per step.
         """
         b = mfgs[0]
-        mem, mts, mail, mailts = self.read(b.srcdata["ID"])
-        b.srcdata["mem"], b.srcdata["mem_ts"] = mem, mts
-        b.srcdata["mail"], b.srcdata["mail_ts"] = mail, mailts
+        b.srcdata = MemorySrcData(b.srcdata, self.read_unique(b.srcdata["ID"]))
 
     # ---------------------------------------------------------------- updates
     def get_update_memory(self, index: Tensor, memory: Tensor, memory_ts: Tensor

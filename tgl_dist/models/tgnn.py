@@ -15,7 +15,7 @@ Forward (algorithms.md §1 steps 3-4) on ``mfgs`` (input layer first, roots at r
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +26,23 @@ from tgl_dist.nn.embedding import IdentityEmbedding, JODIETimeProjection
 from tgl_dist.nn.predictor import EdgePredictor
 from tgl_dist.nn.unique import unique_first, unique_node_time
 from tgl_dist.sampling.block import Block
+
+
+def _memory_state(b0: Block, first: Optional[Tensor]) -> Dict[str, Tensor]:
+    """``ID``, ``ts`` and the memory state of source rows ``first`` (``None``: all) of
+    ``b0``, read from the compact per-node ``srcdata.memdata`` when the mailbox attached
+    one (no per-source copy), else from ``srcdata``."""
+    sd, md = b0.srcdata, getattr(b0.srcdata, "memdata", None)
+    out = {k: (sd[k] if first is None else sd[k].index_select(0, first)) for k in ("ID", "ts")}
+    if md is None:
+        for k in ("mem", "mem_ts", "mail", "mail_ts"):
+            out[k] = sd[k] if first is None else sd[k].index_select(0, first)
+    elif first is md["first"]:
+        out.update({k: md[k] for k in ("mem", "mem_ts", "mail", "mail_ts")})
+    else:
+        idx = md["index"] if first is None else md["index"].index_select(0, first)
+        out.update({k: md[k].index_select(0, idx) for k in ("mem", "mem_ts", "mail", "mail_ts")})
+    return out
 
 
 class LinkPredOutput(tuple):
@@ -99,6 +116,32 @@ class TemporalLinkModel(nn.Module):
             h = self.node_embedding(block.srcdata["ID"])
         return h
 
+    def _memory_rows(self, b0: Block, R: int) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """Which source rows the memory updater computes ``s^`` for, once each.
+
+        ``s^`` depends only on the node (``time_delta: mail``) or on (node, query time)
+        (``query``), so it is computed once per distinct node / pair. Returns
+        ``(first, rows)``: the source rows to compute (``None``: every row) and, for each
+        source row considered, the computed row it reads (``None``: the identity). Without
+        GNN layers only the R roots are considered (APAN's neighbours only receive mails).
+        """
+        ids, ts = b0.srcdata["ID"], b0.srcdata["ts"]
+        md = getattr(b0.srcdata, "memdata", None)
+        roots_only = not len(self.gnn_layers) and b0.num_src > R
+        mail = self.memory_updater.time_delta == "mail"
+        if md is not None and mail and not roots_only:
+            first, rows = md["first"], md["index"]    # the distinct nodes, as fetched
+        else:
+            sel = slice(0, R) if roots_only else slice(None)
+            uq = unique_first(ids[sel]) if mail else unique_node_time(ids[sel], ts[sel])
+            first, rows = (None, None) if uq is None else uq
+        n = R if roots_only else ids.numel()
+        if first is not None and first.numel() == n:
+            first, rows = None, None                   # all distinct: no gather
+        if first is None and roots_only:
+            first = torch.arange(R, device=ids.device)
+        return first, rows
+
     def embed(self, mfgs: List[Block]):
         """Root embeddings ``[R, d]`` and the root rows' ``s^`` ``[R, d_m]`` (or ``None``)."""
         b0 = mfgs[0]
@@ -106,23 +149,10 @@ class TemporalLinkModel(nn.Module):
         x = self.node_input(b0)
         mem, rows = None, None
         if self.memory_updater is not None:
-            sd = b0.srcdata
-            if not len(self.gnn_layers) and b0.num_src > R:
-                # no GNN: only the roots' s^ is used (APAN's neighbours only receive mails)
-                sd = {k: sd[k][:R] for k in ("ID", "ts", "mem", "mem_ts", "mail", "mail_ts")}
-                x = None if x is None else x[:R]
-            # s^ depends only on (node, query time) ('query') or on the node ('mail'):
-            # compute it once per distinct pair / node
-            if self.memory_updater.time_delta == "mail":
-                uq = unique_first(sd["ID"])
-                uq = None if uq[0].numel() == sd["ID"].numel() else uq
-            else:
-                uq = unique_node_time(sd["ID"], sd["ts"])
-            if uq is not None:
-                first, rows = uq
-                sd = {k: sd[k].index_select(0, first)
-                      for k in ("ID", "ts", "mem", "mem_ts", "mail", "mail_ts")}
-                x = None if x is None else x.index_select(0, first)
+            first, rows = self._memory_rows(b0, R)
+            sd = _memory_state(b0, first)
+            if x is not None and first is not None:
+                x = x.index_select(0, first)
             mem = self.memory_updater(sd)
             h = self.memory_updater.combine(mem, x)
         elif x is not None:
@@ -143,7 +173,7 @@ class TemporalLinkModel(nn.Module):
                 g, g_rows = layer(block, g, g_rows), None
             emb = g[:R]
         elif isinstance(self.projection, JODIETimeProjection):
-            emb = self.projection(h[root_rows], b0.srcdata["ts"][:R], b0.srcdata["mem_ts"][:R])
+            emb = self.projection(h[root_rows], b0.srcdata["ts"][:R], sd["mem_ts"][root_rows])
         else:
             emb = self.projection(h[root_rows])
         gnn_emb = emb
