@@ -292,9 +292,9 @@ def test_kernel_build_cache_and_failures(tmp_path):
 
 def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch, tmp_path, caplog):
     from tgl_dist.sampling import _ckernel as ck
-    monkeypatch.setattr(ck, "_kernel", None)
-    monkeypatch.setattr(ck, "_error", None)
-    monkeypatch.setattr(ck, "_warned", False)
+    monkeypatch.setattr(ck.SAMPLER, "value", None)
+    monkeypatch.setattr(ck.SAMPLER, "error", None)
+    monkeypatch.setattr(ck.SAMPLER, "warned", False)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("TGL_DIST_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TGL_DIST_NO_KERNEL", raising=False)

@@ -3,7 +3,7 @@
 Built and cached like the sampling kernel (:mod:`tgl_dist.sampling._ckernel`: plain C,
 the system compiler, about a second on first use). :func:`get_attention_kernel`
 returns ``None`` when it cannot be built; the attention layers then use their torch
-formulations, which compute the same values (``tests/models/test_fast_paths.py``
+formulations, which compute the same values (``tests/models/test_attention_kernel.py``
 compares all three), and ONE warning per process says why.
 ``TGL_DIST_NO_KERNEL=1`` selects the torch paths without a warning.
 
@@ -23,19 +23,13 @@ with ``w = softmax_e(act(qx . X + qb)) * mask`` per destination and head.
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
-import tempfile
-import threading
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import FLAGS, build, cache_dir, compiler
-
-log = logging.getLogger(__name__)
+from tgl_dist.sampling._ckernel import FLAGS, LazyKernel, build_cached, compiler
 
 SOURCE = Path(__file__).with_name("_attention.c")
 ABI = 2
@@ -57,51 +51,25 @@ def _load(path: Path) -> ctypes.CDLL:
     return lib
 
 
-_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] = None
-_error: Optional[str] = None
-_warned = False
+def _make() -> ctypes.CDLL:
+    cc = compiler()
+    if not cc:
+        raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
+    return _load(build_cached(cc, SOURCE, FLAGS, ("-lm",)))
+
+
+KERNEL = LazyKernel("attention kernel", _make,
+                    "the attention layers use their torch formulation (same values, slower)")
 
 
 def load_attention_kernel() -> ctypes.CDLL:
-    """The process's kernel, built on the first call; ``RuntimeError`` with the reason when
-    it cannot be built (one build attempt per process)."""
-    global _lib, _error
-    if os.environ.get("TGL_DIST_NO_KERNEL", "0") not in ("", "0"):
-        raise RuntimeError("the compiled kernels are disabled by TGL_DIST_NO_KERNEL")
-    with _lock:
-        if _lib is None and _error is None:
-            try:
-                cc = compiler()
-                if not cc:
-                    raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
-                try:
-                    path = build(cc, cache_dir(), SOURCE, FLAGS, ("-lm",))
-                except OSError:  # cache not writable: build in the temp dir
-                    uid = os.getuid() if hasattr(os, "getuid") else 0
-                    path = build(cc, Path(tempfile.gettempdir()) / f"tgl_dist-{uid}", SOURCE,
-                                 FLAGS, ("-lm",))
-                _lib = _load(path)
-            except Exception as e:  # noqa: BLE001 - any failure means: no kernel
-                _error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if _lib is None:
-            raise RuntimeError(_error)
-        return _lib
+    """The process's kernel (:meth:`tgl_dist.sampling._ckernel.LazyKernel.load`)."""
+    return KERNEL.load()
 
 
 def get_attention_kernel() -> Optional[ctypes.CDLL]:
-    """The kernel, or ``None`` (then ONE warning per process, unless TGL_DIST_NO_KERNEL=1)."""
-    global _warned
-    try:
-        return load_attention_kernel()
-    except RuntimeError as e:
-        if os.environ.get("TGL_DIST_NO_KERNEL", "0") in ("", "0") and not _warned:
-            _warned = True
-            log.warning("tgl_dist: the compiled attention kernel is unavailable (%s); the "
-                        "attention layers use their torch formulation (same values, several "
-                        "times slower). To fix: install a C compiler or set CC; set "
-                        "TGL_DIST_NO_KERNEL=1 to use the torch paths without this warning.", e)
-        return None
+    """The kernel, or ``None`` with one warning per process (``LazyKernel.get``)."""
+    return KERNEL.get()
 
 
 def kernel_usable(*tensors: Optional[Tensor]) -> bool:

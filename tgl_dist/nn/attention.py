@@ -76,6 +76,14 @@ def csr_offsets(block: Block) -> Optional[Tensor]:
     return ptr
 
 
+def _query_keys(q: Tensor, w_k: Tensor, num_head: int) -> Tensor:
+    """``W_k,h^T q_h`` per destination and head: ``q [D, d]``, ``w_k [d, C]`` -> ``[D, H, C]``."""
+    D, d = q.shape
+    H, C = num_head, w_k.size(1)
+    qh = q.view(D, H, d // H).transpose(0, 1)                               # [H, D, c]
+    return torch.bmm(qh, w_k.view(H, d // H, C)).transpose(0, 1).contiguous()
+
+
 def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
                    b_v: Optional[Tensor], hs: Optional[Tensor], idx: Optional[Tensor],
                    x: Tensor, ptr: Tensor, num_head: int, leaky: bool, att_dropout: nn.Module,
@@ -101,8 +109,7 @@ def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     M, C = x.size(0), w_k.size(1)
     H = num_head
     c = d // H
-    qh = q.view(D, H, c).transpose(0, 1)                                    # [H, D, c]
-    qk = torch.bmm(qh, w_k.view(H, c, C)).transpose(0, 1)                  # [D, H, C]
+    qk = _query_keys(q, w_k, H)                                             # [D, H, C]
     qb = None if b_k is None else (q.view(D, H, c) * b_k.view(H, c)).sum(-1)  # [D, H]
     mask = None
     if att_dropout.training and att_dropout.p > 0:
@@ -186,11 +193,10 @@ def padded_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     K, C = xp.size(1), xp.size(2)
     H = num_head
     c = d // H
-    qh = q.view(D, H, c).transpose(0, 1)                                   # [H, D, c]
-    qk = torch.bmm(qh, w_k.view(H, c, C)).transpose(0, 1).contiguous()    # [D, H, C]
+    qk = _query_keys(q, w_k, H)                                            # [D, H, C]
     scores = _PaddedScores.apply(xp, qk)                                   # [D, K, H]
     if b_k is not None:
-        scores = scores + (qh.transpose(0, 1) * b_k.view(H, c)).sum(-1).unsqueeze(1)
+        scores = scores + (q.view(D, H, c) * b_k.view(H, c)).sum(-1).unsqueeze(1)
     if leaky:
         scores = F.leaky_relu(scores, 0.2)
     valid = (torch.arange(K, device=q.device) < cnt.unsqueeze(1)).unsqueeze(2)  # [D, K, 1]

@@ -35,7 +35,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -253,10 +253,68 @@ class Kernel:
         return src_id, src_ts, edge_index, eid, dt, src_hint
 
 
-_lock = threading.Lock()
-_kernel: Optional[Kernel] = None
-_error: Optional[str] = None
-_warned = False
+def build_cached(cc: Sequence[str], source: Path = SOURCE, flags: Sequence[str] = FLAGS,
+                 libs: Sequence[str] = ()) -> Path:
+    """:func:`build` into :func:`cache_dir`, or into the temp dir when the cache is not
+    writable (read-only home, ...)."""
+    try:
+        return build(cc, cache_dir(), source, flags, libs)
+    except OSError:
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        return build(cc, Path(tempfile.gettempdir()) / f"tgl_dist-{uid}", source, flags, libs)
+
+
+class LazyKernel:
+    """A compiled library built on first request, once per process, shared by threads.
+
+    Args:
+        what: its name in messages (``'sampling kernel'``).
+        make: builds and loads it (no argument); raises with the reason when it cannot.
+        fallback: what the caller does without it, for the warning.
+
+    :meth:`load` raises ``RuntimeError`` with the reason when it cannot be built (the
+    outcome is remembered: one build attempt per process); :meth:`get` returns ``None``
+    instead and logs ONE warning per process saying why and how to fix it (none when
+    ``TGL_DIST_NO_KERNEL=1`` asked for the torch paths).
+    """
+
+    def __init__(self, what: str, make: Callable[[], Any], fallback: str) -> None:
+        self.what, self.make, self.fallback = what, make, fallback
+        self.lock = threading.Lock()
+        self.value: Any = None
+        self.error: Optional[str] = None
+        self.warned = False
+
+    def load(self) -> Any:
+        if _disabled():
+            raise RuntimeError(f"the compiled {self.what} is disabled by TGL_DIST_NO_KERNEL")
+        with self.lock:
+            if self.value is None and self.error is None:
+                try:
+                    self.value = self.make()
+                    log.debug("%s: built", self.what)
+                except Exception as e:  # noqa: BLE001 - any failure means: no kernel
+                    msg = str(e).strip()
+                    self.error = msg.splitlines()[0] if msg else type(e).__name__
+            if self.value is None:
+                raise RuntimeError(self.error)
+            return self.value
+
+    def get(self) -> Any:
+        try:
+            return self.load()
+        except RuntimeError as e:
+            if not _disabled() and not self.warned:
+                self.warned = True
+                log.warning("tgl_dist: the compiled %s is unavailable (%s); %s. To fix: install "
+                            "a C compiler (e.g. `apt install gcc`, or Xcode's command line tools) "
+                            "or set CC to one; set TGL_DIST_NO_KERNEL=1 to use the torch paths "
+                            "without this warning.", self.what, e, self.fallback)
+            return None
+
+
+def _disabled() -> bool:
+    return os.environ.get("TGL_DIST_NO_KERNEL", "0") not in ("", "0")
 
 
 def try_build(cc: Optional[Sequence[str]] = None, directory: Optional[Path] = None) -> Kernel:
@@ -264,45 +322,20 @@ def try_build(cc: Optional[Sequence[str]] = None, directory: Optional[Path] = No
     cc = compiler() if cc is None else cc
     if not cc:
         raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
-    directory = cache_dir() if directory is None else Path(directory)
-    try:
-        path = build(cc, directory)
-    except OSError:  # cache not writable (read-only home, ...): build in the temp dir
-        uid = os.getuid() if hasattr(os, "getuid") else 0
-        path = build(cc, Path(tempfile.gettempdir()) / f"tgl_dist-{uid}")
+    path = build(cc, Path(directory)) if directory is not None else build_cached(cc)
     return Kernel(load(path), path)
 
 
+SAMPLER = LazyKernel("sampling kernel", try_build,
+                     "NeighborSampler falls back to its pure-torch path (same samples, several "
+                     "times slower)")
+
+
 def load_kernel() -> Kernel:
-    """The process's kernel, built on the first call; raises ``RuntimeError`` with the reason
-    when it cannot be built (the outcome is remembered: one build attempt per process)."""
-    global _kernel, _error
-    if os.environ.get("TGL_DIST_NO_KERNEL", "0") not in ("", "0"):
-        raise RuntimeError("the compiled kernel is disabled by TGL_DIST_NO_KERNEL")
-    with _lock:
-        if _kernel is None and _error is None:
-            try:
-                _kernel = try_build()
-                log.debug("sampling kernel: %s", _kernel.path)
-            except Exception as e:  # noqa: BLE001 - any failure means: no kernel
-                _error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if _kernel is None:
-            raise RuntimeError(_error)
-        return _kernel
+    """The process's sampling kernel (:meth:`LazyKernel.load`)."""
+    return SAMPLER.load()
 
 
 def get_kernel() -> Optional[Kernel]:
-    """The compiled kernel, or ``None`` when it cannot be built: then ONE warning per process
-    says why and how to fix it (none when ``TGL_DIST_NO_KERNEL=1`` asked for the torch path)."""
-    global _warned
-    try:
-        return load_kernel()
-    except RuntimeError as e:
-        if os.environ.get("TGL_DIST_NO_KERNEL", "0") in ("", "0") and not _warned:
-            _warned = True
-            log.warning("tgl_dist: the compiled sampling kernel is unavailable (%s); NeighborSampler "
-                        "falls back to its pure-torch path (same samples, several times slower). "
-                        "To fix: install a C compiler (e.g. `apt install gcc`, or Xcode's command line "
-                        "tools) or set CC to one; set TGL_DIST_NO_KERNEL=1 to use the torch path "
-                        "without this warning.", e)
-        return None
+    """The sampling kernel, or ``None`` with one warning per process (:meth:`LazyKernel.get`)."""
+    return SAMPLER.get()
