@@ -16,6 +16,11 @@ neighbours, one attention layer (2 heads), Adam lr 1e-4, one random negative per
   without per-edge keys, docs/models.md); 1 process with ``--threads`` threads, and 2
   processes (torchrun) with ``--threads // 2`` threads each, for peak memory per rank.
 
+``--edge-dim F`` gives both sides the same F random edge features per event (fixed seed,
+standard normal), the shape of the issue's reference stream (Wikipedia has 172 LIWC
+features; our copy has none): the stream is written once as a DyGLib ``ml_*.csv`` +
+``.npy`` pair in a temporary folder and both sides read that file.
+
 ``--repeats N`` runs each side N times (seeds ``seed .. seed + N - 1``) and reports the
 median run.
 
@@ -180,6 +185,25 @@ def _median_run(runs: list) -> dict:
     return out
 
 
+def with_edge_features(data: str, root: str, dim: int) -> str:
+    """Write ``data`` with ``dim`` random edge features as DyGLib files; return the csv path."""
+    import numpy as np
+    sys.path.insert(0, str(REPO))
+    from tgl_dist.data import load_dataset
+    g = load_dataset(data, root=root)
+    name = f"{Path(data).stem.replace('ml_', '')}{dim}"
+    out = Path(tempfile.mkdtemp(prefix="tgl_dist_bench_")) / f"ml_{name}.csv"
+    E = g.num_events
+    rows = np.stack([np.arange(E), g.src.numpy() + 1, g.dst.numpy() + 1, g.t.numpy(),
+                     np.zeros(E), np.arange(1, E + 1)], 1)
+    np.savetxt(out, rows, fmt=["%d", "%d", "%d", "%.17g", "%d", "%d"], delimiter=",",
+               header=",u,i,ts,label,idx", comments="")
+    feats = np.random.default_rng(0).standard_normal((E + 1, dim), dtype=np.float32)
+    feats[0] = 0  # DyGLib's padding row
+    np.save(out.with_suffix(".npy"), feats)
+    return str(out)
+
+
 def run_ours(args, nproc: int, threads: int, seed: int) -> dict:
     cfg = Path(tempfile.mkdtemp()) / "TGN_pyg_settings.yml"
     cfg.write_text(CONFIG)
@@ -215,11 +239,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per side (different seeds); events/s = median run")
     ap.add_argument("--skip-2proc", action="store_true")
+    ap.add_argument("--edge-dim", type=int, default=0,
+                    help="give every event this many random edge features (both sides)")
     ap.add_argument("--impl", choices=["pyg"], help=argparse.SUPPRESS)  # internal: one side only
     args = ap.parse_args()
     if args.impl == "pyg":
         print(json.dumps(run_pyg(args)))
         return
+    if args.edge_dim:
+        args.data = with_edge_features(args.data, args.root, args.edge_dim)
     pygs = []
     for r in range(args.repeats):
         p = subprocess.run([sys.executable, __file__, "--impl", "pyg", "--data", args.data,
@@ -241,7 +269,8 @@ def main() -> None:
         ours2 = run_ours(args, 2, max(1, args.threads // 2), args.seed)
         print(f"ours 2p  : {ours2['events_per_s']:8.0f} events/s  test AP {ours2['test_ap']:.4f}  "
               f"peak RSS per rank {ours2['peak_rss_mib_per_rank']} MiB", flush=True)
-    res = {"data": args.data, "epochs": args.epochs, "threads": args.threads,
+    res = {"data": Path(args.data).name if args.edge_dim else args.data,
+           "edge_dim": args.edge_dim, "epochs": args.epochs, "threads": args.threads,
            "repeats": args.repeats, "config": "time_delta: mail, att_variant: tgl",
            "ours_events_per_s": round(ours["events_per_s"], 1),
            "pyg_events_per_s": round(pyg["events_per_s"], 1),
