@@ -131,8 +131,8 @@ def ensure_partition(args, ctx) -> Path:
             g = load_dataset(args.data, root=args.root, format=args.format, **kw)
             folder = Path(args.parts) / g.name
             if args.repartition or not (folder / f"{args.partition_algo}_{ctx.world_size}").is_dir():
-                log.warning("partitioning %s into %d parts with %s", g.name, ctx.world_size,
-                            args.partition_algo)
+                log.info("partitioning %s into %d parts with %s", g.name, ctx.world_size,
+                         args.partition_algo)
                 partition_graph(g, ctx.world_size, args.partition_algo, args.parts,
                                 force=args.repartition)
         except (TGLDistError, ValueError, FileNotFoundError) as e:
@@ -152,7 +152,9 @@ def main(argv=None) -> dict:
         parser.error(str(e))
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir")
+    # the library logs warnings only; this script's own progress lines are INFO
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    log.setLevel(logging.INFO)
     ctx = DistributedContext.init(timeout=args.timeout)
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // ctx.world_size))
     torch.manual_seed(args.seed)
@@ -297,9 +299,9 @@ def main(argv=None) -> dict:
             if writer is not None:
                 writer.writerow(csv_row(row))
                 fh.flush()
-                log.warning("epoch %d: loss %.4f  train AP %.4f  val AP %.4f  test AP %.4f  "
-                            "(%.0f events/s)", epoch, row["train_loss"], row["train_ap"],
-                            row["val_ap"], row["test_ap"], row["train_events_per_s"])
+                log.info("epoch %d: loss %.4f  train AP %.4f  val AP %.4f  test AP %.4f  "
+                         "(%.0f events/s)", epoch, row["train_loss"], row["train_ap"],
+                         row["val_ap"], row["test_ap"], row["train_events_per_s"])
             if best is None or row["val_ap"] > best["val_ap"]:
                 best = dict(row)
             done = stopper.step(row["val_ap"])
