@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from tgl_dist.memory.mailbox import MEMORY_KEYS
 from tgl_dist.memory.updaters import MemoryUpdater
 from tgl_dist.nn.attention import TemporalAttention
 from tgl_dist.nn.embedding import IdentityEmbedding, JODIETimeProjection
@@ -35,13 +36,13 @@ def _memory_state(b0: Block, first: Optional[Tensor]) -> Dict[str, Tensor]:
     sd, md = b0.srcdata, getattr(b0.srcdata, "memdata", None)
     out = {k: (sd[k] if first is None else sd[k].index_select(0, first)) for k in ("ID", "ts")}
     if md is None:
-        for k in ("mem", "mem_ts", "mail", "mail_ts"):
+        for k in MEMORY_KEYS:
             out[k] = sd[k] if first is None else sd[k].index_select(0, first)
     elif first is md["first"]:
-        out.update({k: md[k] for k in ("mem", "mem_ts", "mail", "mail_ts")})
+        out.update({k: md[k] for k in MEMORY_KEYS})
     else:
         idx = md["index"] if first is None else md["index"].index_select(0, first)
-        out.update({k: md[k].index_select(0, idx) for k in ("mem", "mem_ts", "mail", "mail_ts")})
+        out.update({k: md[k].index_select(0, idx) for k in MEMORY_KEYS})
     return out
 
 

@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import FLAGS, LazyKernel, build_cached, compiler
+from tgl_dist.sampling._ckernel import FLAGS, LazyKernel, build_cached, require_compiler
 
 SOURCE = Path(__file__).with_name("_attention.c")
 ABI = 2
@@ -52,10 +52,7 @@ def _load(path: Path) -> ctypes.CDLL:
 
 
 def _make() -> ctypes.CDLL:
-    cc = compiler()
-    if not cc:
-        raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
-    return _load(build_cached(cc, SOURCE, FLAGS, ("-lm",)))
+    return _load(build_cached(require_compiler(), SOURCE, FLAGS, ("-lm",)))
 
 
 KERNEL = LazyKernel("attention kernel", _make,

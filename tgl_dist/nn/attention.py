@@ -76,12 +76,35 @@ def csr_offsets(block: Block) -> Optional[Tensor]:
     return ptr
 
 
-def _query_keys(q: Tensor, w_k: Tensor, num_head: int) -> Tensor:
-    """``W_k,h^T q_h`` per destination and head: ``q [D, d]``, ``w_k [d, C]`` -> ``[D, H, C]``."""
+def _query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
+                 ) -> Tuple[Tensor, Optional[Tensor]]:
+    """The query side of ``q . k_j = (W_k^T q) . x_j + q . b_k``, per destination and head.
+
+    ``q [D, d]``, ``w_k [d, C]``, ``b_k [d]`` or ``None`` -> ``(W_k,h^T q_h [D, H, C],
+    q_h . b_k,h [D, H] or None)``.
+    """
     D, d = q.shape
     H, C = num_head, w_k.size(1)
-    qh = q.view(D, H, d // H).transpose(0, 1)                               # [H, D, c]
-    return torch.bmm(qh, w_k.view(H, d // H, C)).transpose(0, 1).contiguous()
+    c = d // H
+    qh = q.view(D, H, c).transpose(0, 1)                                    # [H, D, c]
+    qk = torch.bmm(qh, w_k.view(H, c, C)).transpose(0, 1).contiguous()     # [D, H, C]
+    qb = None if b_k is None else (q.view(D, H, c) * b_k.view(H, c)).sum(-1)
+    return qk, qb
+
+
+def _value_out(agg: Tensor, asum: Tensor, w_v: Tensor, b_v: Optional[Tensor]) -> Tensor:
+    """``sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v sum_j a_j`` per head, heads concatenated.
+
+    ``agg [D, H, C]`` (sum_j a_j x_j), ``asum [D, H]`` (sum_j a_j), ``w_v [d, C]``,
+    ``b_v [d]`` or ``None`` -> ``[D, d]``.
+    """
+    D, H, C = agg.shape
+    d = w_v.size(0)
+    c = d // H
+    out = torch.bmm(agg.transpose(0, 1), w_v.view(H, c, C).transpose(1, 2)).transpose(0, 1)
+    if b_v is not None:
+        out = out + asum.unsqueeze(-1) * b_v.view(H, c)
+    return out.reshape(D, d)
 
 
 def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
@@ -105,21 +128,14 @@ def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     Returns:
         ``[D, d]``; zero for a destination without edges.
     """
-    D, d = q.shape
-    M, C = x.size(0), w_k.size(1)
-    H = num_head
-    c = d // H
-    qk = _query_keys(q, w_k, H)                                             # [D, H, C]
-    qb = None if b_k is None else (q.view(D, H, c) * b_k.view(H, c)).sum(-1)  # [D, H]
+    M, H = x.size(0), num_head
+    qk, qb = _query_terms(q, w_k, b_k, H)                                   # [D, H, C], [D, H]
     mask = None
     if att_dropout.training and att_dropout.p > 0:
         mask = F.dropout(x.new_ones(M, H), att_dropout.p, True)
     agg, asum = SegmentAttention.apply(qk, qb, hs, idx, x, ptr, mask, 0.2 if leaky else None,
                                        lib, 1)          # [D, H, C], [D, H]
-    out = torch.bmm(agg.transpose(0, 1), w_v.view(H, c, C).transpose(1, 2)).transpose(0, 1)
-    if b_v is not None:
-        out = out + asum.unsqueeze(-1) * b_v.view(H, c)
-    return out.reshape(D, d)
+    return _value_out(agg, asum, w_v, b_v)
 
 
 class _PaddedScores(torch.autograd.Function):
@@ -189,25 +205,19 @@ def padded_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     Returns:
         ``[D, d]``; zero for a destination without edges.
     """
-    D, d = q.shape
-    K, C = xp.size(1), xp.size(2)
-    H = num_head
-    c = d // H
-    qk = _query_keys(q, w_k, H)                                            # [D, H, C]
+    K, H = xp.size(1), num_head
+    qk, qb = _query_terms(q, w_k, b_k, H)                                  # [D, H, C], [D, H]
     scores = _PaddedScores.apply(xp, qk)                                   # [D, K, H]
-    if b_k is not None:
-        scores = scores + (q.view(D, H, c) * b_k.view(H, c)).sum(-1).unsqueeze(1)
+    if qb is not None:
+        scores = scores + qb.unsqueeze(1)
     if leaky:
         scores = F.leaky_relu(scores, 0.2)
     valid = (torch.arange(K, device=q.device) < cnt.unsqueeze(1)).unsqueeze(2)  # [D, K, 1]
     # finite fill: a destination without edges gets uniform weights, zeroed just below
     att = torch.softmax(scores.masked_fill(~valid, -1e30), 1) * valid
     att = att_dropout(att).transpose(1, 2).contiguous()                   # [D, H, K]
-    agg = _PaddedAggregate.apply(att, xp).transpose(0, 1)                 # [H, D, C]
-    out = torch.bmm(agg, w_v.view(H, c, C).transpose(1, 2)).transpose(0, 1)  # [D, H, c]
-    if b_v is not None:
-        out = out + att.sum(-1, keepdim=True) * b_v.view(H, c)
-    return out.reshape(D, d)
+    agg = _PaddedAggregate.apply(att, xp)                                  # [D, H, C]
+    return _value_out(agg, att.sum(-1), w_v, b_v)
 
 
 class TemporalAttention(nn.Module):
@@ -305,16 +315,15 @@ class TemporalAttention(nn.Module):
             # q = W_q [h_i || phi(0)]: the phi(0) part is a constant vector
             q_const = F.linear(self.time_enc(h.new_zeros(1)), w[:, dn:], b)
             q = torch.addmm(q_const, h_dst, w[:, :dn].t()) if dn else q_const.expand(D, -1)
-        if seg is not None:
+        if seg is not None or (M and layout is not None):
             d, wkv, bkv = self.dim_out, self.w_kv.weight, self.w_kv.bias
-            agg = segment_attend(q.contiguous(), wkv[:d], bkv[:d], wkv[d:], bkv[d:],
-                                 *self._segment_inputs(block, h, rows), seg[1], H, True,
-                                 self.att_dropout, seg[0])
-        elif M and layout is not None:
-            d, wkv, bkv = self.dim_out, self.w_kv.weight, self.w_kv.bias
-            xp = self._padded_inputs(block, h, rows, layout)
-            agg = padded_attend(q.contiguous(), wkv[:d], bkv[:d], wkv[d:], bkv[d:], xp,
-                                layout[1], H, True, self.att_dropout)
+            qkv = (q.contiguous(), wkv[:d], bkv[:d], wkv[d:], bkv[d:])
+            if seg is not None:
+                agg = segment_attend(*qkv, *self._segment_inputs(block, h, rows), seg[1], H,
+                                     True, self.att_dropout, seg[0])
+            else:
+                agg = padded_attend(*qkv, self._padded_inputs(block, h, rows, layout),
+                                    layout[1], H, True, self.att_dropout)
         elif M:
             # k, v = W_kv [h_j || e_ij || phi(dt)], as three products (no concatenated copy)
             w = self.w_kv.weight
@@ -399,24 +408,22 @@ class TGNAttention(TemporalAttention):
         x = torch.cat([h_dst, self.time_enc(h.new_zeros(1)).expand(D, -1)], 1)
         seg = self._segment(block, h, rows) if M else None
         layout = padded_layout(block) if self.padded and seg is None else None
+        if M:
+            q = F.linear(x, self.w_q.weight) * (W // H) ** -0.5
         if M == 0:
             agg = h.new_zeros((D, W))
-        elif seg is not None:
-            q = F.linear(x, self.w_q.weight) * (W // H) ** -0.5
+        elif seg is not None or layout is not None:
             wkv = self.w_kv.weight
-            agg = segment_attend(q, wkv[:W], None, wkv[W:], None,
-                                 *self._segment_inputs(block, h, rows), seg[1], H, False,
-                                 self.att_dropout, seg[0])
-        elif layout is not None:
-            q = F.linear(x, self.w_q.weight) * (W // H) ** -0.5
-            wkv = self.w_kv.weight
-            agg = padded_attend(q, wkv[:W], None, wkv[W:], None,
-                                self._padded_inputs(block, h, rows, layout), layout[1], H,
-                                False, self.att_dropout)
+            qkv = (q, wkv[:W], None, wkv[W:], None)
+            if seg is not None:
+                agg = segment_attend(*qkv, *self._segment_inputs(block, h, rows), seg[1], H,
+                                     False, self.att_dropout, seg[0])
+            else:
+                agg = padded_attend(*qkv, self._padded_inputs(block, h, rows, layout),
+                                    layout[1], H, False, self.att_dropout)
         else:
             src, dst = block.edge_index[0], block.edge_index[1]
             dn, de = self.dim_node, self.dim_edge
-            q = F.linear(x, self.w_q.weight) * (W // H) ** -0.5
             w = self.w_kv.weight
             kv = F.linear(self.time_enc(block.edata["dt"]), w[:, dn + de:])
             if dn and rows is not None:

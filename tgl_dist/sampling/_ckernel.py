@@ -66,6 +66,14 @@ def compiler() -> Optional[Sequence[str]]:
     return None
 
 
+def require_compiler() -> Sequence[str]:
+    """:func:`compiler`, or ``RuntimeError`` saying none was found."""
+    cc = compiler()
+    if not cc:
+        raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
+    return cc
+
+
 def build(cc: Sequence[str], directory: Path, source: Path = SOURCE,
           flags: Sequence[str] = FLAGS, libs: Sequence[str] = ()) -> Path:
     """Compile ``source`` with ``cc`` and ``flags`` into ``directory`` (reused when already
@@ -319,9 +327,7 @@ def _disabled() -> bool:
 
 def try_build(cc: Optional[Sequence[str]] = None, directory: Optional[Path] = None) -> Kernel:
     """Build (or reuse from the cache) and load the kernel; raises with the reason when it cannot."""
-    cc = compiler() if cc is None else cc
-    if not cc:
-        raise RuntimeError("no C compiler found (looked for $CC, cc, gcc, clang)")
+    cc = require_compiler() if cc is None else cc
     path = build(cc, Path(directory)) if directory is not None else build_cached(cc)
     return Kernel(load(path), path)
 
