@@ -7,7 +7,6 @@ testing hook (a raised exception or a SIGKILL at a given step).
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from ckcompare import checkpoint_diff
+from tgl_dist.testing import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TGN = REPO / "examples" / "ctdg" / "train_tgn.py"
@@ -36,12 +36,6 @@ def _run(cmd, cwd, fault=None, ok=True, timeout=300):
         return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
     assert p.returncode != 0, "the run should have failed"
     return p
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tgn(tmp, ck, *extra):
@@ -81,14 +75,14 @@ def test_torchrun_max_restarts_resumes_bitwise_two_processes(tmp_path):
 
     TGN with a sharded node-embedding table (configs/TGN-embedding.yml): each rank's
     memory, mailbox, embedding rows and sparse Adam rows must come back exactly."""
-    port = _free_port()
+    port = free_port()
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     cfg = ["--config", str(REPO / "configs" / "TGN-embedding.yml")]
     full = _run([*base, "--master_port", str(port), str(TGN), *TINY, *cfg, "--parts",
                  str(tmp_path / "parts"), "--checkpoint-dir", str(tmp_path / "ck"),
                  "--epochs", "2", "--checkpoint-every", "3"], tmp_path)
     marker = tmp_path / "fault-done"
-    res = _run([*base, "--max-restarts=1", "--master_port", str(_free_port()), str(TGN), *TINY, *cfg,
+    res = _run([*base, "--max-restarts=1", "--master_port", str(free_port()), str(TGN), *TINY, *cfg,
                 "--parts", str(tmp_path / "parts"), "--checkpoint-dir", str(tmp_path / "part"),
                 "--epochs", "2", "--checkpoint-every", "3", "--resume"], tmp_path,
                fault=f"rank=1,epoch=1,step=2,action=kill,once={marker}")

@@ -2,12 +2,13 @@
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tgl_dist.testing import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,12 +24,6 @@ def _tiny_json(path: Path, N: int = 30, T: int = 12) -> Path:
                      "y": [rng.randrange(5) for _ in range(N)]}
     path.write_text(json.dumps(d))
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(script, args, tmp_path, epochs=1, launcher=()):
@@ -74,7 +69,7 @@ def test_node_regression_example_torchrun_two_processes(tmp_path, datasets_root)
     one = _run("train_node_regression.py", args, tmp_path, epochs=2)
     two = _run("train_node_regression.py", args, tmp_path, epochs=2,
                launcher=["-m", "torch.distributed.run", "--nproc_per_node=2",
-                         "--master_port", str(_free_port())])
+                         "--master_port", str(free_port())])
     for k in ("model", "data", "task", "world_size", "epochs", "best_epoch", "test_mse",
               "baseline_test_mse", "dev_mse", "snapshots_per_s", "train_windows", "test_windows"):
         assert k in two, k

@@ -6,7 +6,6 @@ TGL_DIST_FAULT testing hook makes rank 1 SIGKILL itself (or raise, or hang) afte
 of epoch 0 and writes a marker file at that moment.
 """
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tgl_dist.testing import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 TGN = REPO / "examples" / "ctdg" / "train_tgn.py"
 TINY = ["--data", "synthetic", "--num-nodes", "50", "--num-events", "800", "--batch-size", "100",
         "--eval-neg", "3", "--no-progress", "--threads", "1", "--epochs", "1"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -31,7 +26,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize("action,timeout", [("kill", 30), ("raise", 30), ("hang", 4)])
 def test_peer_failure_stops_the_other_rank_with_the_step(tmp_path, action, timeout):
     marker = tmp_path / "fault-happened"
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in (0, 1):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TGL_DIST_NO_KERNEL="1",
