@@ -148,7 +148,7 @@ def main() -> None:
             cmd = [sys.executable, *cmd]
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={P}",
-                   "--master_port", str(29400 + os.getpid() % 500), *cmd]
+                   "--standalone", *cmd]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // P)))
         subprocess.run(cmd, check=True, env=env)
         results[f"p{P}"] = json.loads(Path(out).read_text())

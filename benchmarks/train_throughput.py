@@ -210,7 +210,7 @@ def run_ours(args, nproc: int, threads: int, seed: int) -> dict:
     cmd = [sys.executable]
     if nproc > 1:
         cmd += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                "--master_port", str(29400 + os.getpid() % 500)]
+                "--standalone"]
     cmd += [str(TRAIN), "--data", args.data, "--root", args.root, "--config", str(cfg),
             "--epochs", str(args.epochs), "--patience", str(args.epochs + 1), "--eval-neg", "1",
             "--parts", args.parts, "--partition-algo", args.partition_algo, "--threads",

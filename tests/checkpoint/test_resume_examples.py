@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from ckcompare import checkpoint_diff
-from tgl_dist.testing import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TGN = REPO / "examples" / "ctdg" / "train_tgn.py"
@@ -75,14 +74,13 @@ def test_torchrun_max_restarts_resumes_bitwise_two_processes(tmp_path):
 
     TGN with a sharded node-embedding table (configs/TGN-embedding.yml): each rank's
     memory, mailbox, embedding rows and sparse Adam rows must come back exactly."""
-    port = free_port()
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     cfg = ["--config", str(REPO / "configs" / "TGN-embedding.yml")]
-    full = _run([*base, "--master_port", str(port), str(TGN), *TINY, *cfg, "--parts",
+    full = _run([*base, "--standalone", str(TGN), *TINY, *cfg, "--parts",
                  str(tmp_path / "parts"), "--checkpoint-dir", str(tmp_path / "ck"),
                  "--epochs", "2", "--checkpoint-every", "3"], tmp_path)
     marker = tmp_path / "fault-done"
-    res = _run([*base, "--max-restarts=1", "--master_port", str(free_port()), str(TGN), *TINY, *cfg,
+    res = _run([*base, "--max-restarts=1", "--standalone", str(TGN), *TINY, *cfg,
                 "--parts", str(tmp_path / "parts"), "--checkpoint-dir", str(tmp_path / "part"),
                 "--epochs", "2", "--checkpoint-every", "3", "--resume"], tmp_path,
                fault=f"rank=1,epoch=1,step=2,action=kill,once={marker}")

@@ -46,7 +46,7 @@ def test_torchrun_two_processes_jodie(tmp_path):
     cfg.write_text((REPO / "configs" / "JODIE.yml").read_text().replace(
         "  - epoch:", "  - reorder: 4\n    epoch:"))
     out = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                "--master_port", str(29500 + os.getpid() % 1000), str(SCRIPT),
+                "--standalone", str(SCRIPT),
                 "--config", str(cfg), "--partition-algo", "hash",
                 "--parts", str(tmp_path / "parts"), *TINY], tmp_path)
     assert out["world_size"] == 2 and out["model"] == "JODIE"
