@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tgl_dist.nn._pointwise import Dropout
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
 
@@ -131,6 +132,7 @@ class GRUMemoryUpdater(_CellUpdater):
         H = self.dim_memory
         if self.time_delta == "mail" and self.time_enc is not None:
             # one row per node: the cell on [mail || phi] directly (one input product)
+            # one row per node: the cell on [mail || phi] directly (one input product)
             mem = srcdata["mem"]
             phi = self.time_enc(srcdata["mail_ts"][:, -1] - srcdata["mem_ts"])
             x = torch.cat([srcdata["mail"].reshape(mem.size(0), -1), phi], 1)
@@ -196,8 +198,8 @@ class TransformerMemoryUpdater(MemoryUpdater):
         self.w_v = nn.Linear(dim_mail + dim_time, dim_memory)
         self.layer_norm = nn.LayerNorm(dim_memory)
         self.mlp = nn.Linear(dim_memory, dim_memory)
-        self.dropout = nn.Dropout(dropout)
-        self.att_dropout = nn.Dropout(att_dropout)
+        self.dropout = Dropout(dropout)
+        self.att_dropout = Dropout(att_dropout)
 
     def forward(self, srcdata) -> Tensor:
         mem, mail = srcdata["mem"], srcdata["mail"]

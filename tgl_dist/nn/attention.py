@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgl_dist.nn._attention_kernel import SegmentAttention, get_attention_kernel, kernel_usable
+from tgl_dist.nn._pointwise import Dropout, dropout_mask
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
 from tgl_dist.sampling.block import Block
@@ -132,7 +133,9 @@ def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     qk, qb = _query_terms(q, w_k, b_k, H)                                   # [D, H, C], [D, H]
     mask = None
     if att_dropout.training and att_dropout.p > 0:
-        mask = F.dropout(x.new_ones(M, H), att_dropout.p, True)
+        mask = dropout_mask((M, H), att_dropout.p, x) if att_dropout.p < 1 else None
+        if mask is None:
+            mask = F.dropout(x.new_ones(M, H), att_dropout.p, True)
     agg, asum = SegmentAttention.apply(qk, qb, hs, idx, x, ptr, mask, 0.2 if leaky else None,
                                        lib, 1)          # [D, H, C], [D, H]
     return _value_out(agg, asum, w_v, b_v)
@@ -253,8 +256,8 @@ class TemporalAttention(nn.Module):
         self.w_kv = nn.Linear(dim_node + dim_edge + dim_time, 2 * dim_out)
         self.w_out = nn.Linear(dim_node + dim_out, dim_out)
         self.layer_norm = nn.LayerNorm(dim_out)
-        self.dropout = nn.Dropout(dropout)
-        self.att_dropout = nn.Dropout(att_dropout)
+        self.dropout = Dropout(dropout)
+        self.att_dropout = Dropout(att_dropout)
         self.padded = True  # False: the per-edge key/value formulation (reference path)
         self.use_kernel = True  # the compiled segment kernel when available (else padded)
 
@@ -397,8 +400,8 @@ class TGNAttention(TemporalAttention):
         self.layer_norm = nn.LayerNorm(width)
         self.merge1 = nn.Linear(width + dim_node, dim_out)
         self.merge2 = nn.Linear(dim_out, dim_out)
-        self.dropout = nn.Dropout(dropout)
-        self.att_dropout = nn.Dropout(att_dropout)
+        self.dropout = Dropout(dropout)
+        self.att_dropout = Dropout(att_dropout)
         self.padded = True
         self.use_kernel = True
 

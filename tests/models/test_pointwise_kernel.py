@@ -1,0 +1,156 @@
+"""The compiled pointwise kernels (tgl_dist/nn/_pointwise.c): the cosine time encoding
+against a float64 reference and torch's own formula, and the dropout masks."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tgl_dist.nn import TimeEncode
+from tgl_dist.nn._pointwise import (KERNEL, CosineTimeEncoding, Dropout, cosine_time_encoding,
+                                    dropout_mask)
+
+LIB = KERNEL.get()
+needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the pointwise kernel "
+                                  "cannot be built (time encodings and dropout use torch)")
+
+
+def _inputs(M, d, scale, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dt = (torch.rand(M, generator=g) ** 3 * scale).float()
+    w = torch.from_numpy(1 / 10 ** np.linspace(0, 9, d, dtype=np.float32))
+    b = torch.randn(d, generator=g) * 0.5
+    return dt, w, b
+
+
+def _reference(dt, w, b):
+    """cos of z rounded as torch's addmm(b, dt, w^T) rounds it, evaluated in float64."""
+    z = torch.addmm(b, dt.view(-1, 1), w.view(1, -1))     # float32, like the layer's input
+    return torch.cos(z.double()), z
+
+
+@needs_kernel
+@pytest.mark.parametrize("scale", [1.0, 1e3, 3e6, 1e9])
+def test_time_encoding_matches_float64_reference(scale):
+    dt, w, b = _inputs(700, 50, scale)
+    ref, z = _reference(dt, w, b)
+    out = CosineTimeEncoding.apply(dt, w, b, LIB)
+    assert out.dtype == torch.float32 and out.shape == (700, 50)
+    # within one unit in the last place of the exact cosine of the same float32 z
+    assert (out.double() - ref).abs().max() <= 6e-8
+    # and as close to torch's own float32 cos as that one is to the exact value
+    assert (out - torch.cos(z)).abs().max() <= 1.2e-7
+
+
+@needs_kernel
+@pytest.mark.parametrize("scale", [1.0, 1e5])
+def test_time_encoding_gradients_match_float64_reference(scale):
+    dt, w, b = _inputs(400, 30, scale, seed=1)
+    dt64, w64, b64 = (t.double().requires_grad_() for t in (dt, w, b))
+    dt32, w32, b32 = (t.clone().requires_grad_() for t in (dt, w, b))
+    g = torch.randn(400, 30, dtype=torch.float64)
+    # the reference takes the sine at the same float32 z as the kernel
+    z = torch.addmm(b, dt.view(-1, 1), w.view(1, -1)).double()
+    gz = -g * torch.sin(z)
+    ref = {"dt": (gz * w64.detach()).sum(1), "w": (gz * dt64.detach().unsqueeze(1)).sum(0),
+           "b": gz.sum(0)}
+    CosineTimeEncoding.apply(dt32, w32, b32, LIB).backward(g.float())
+    for name, t in (("dt", dt32), ("w", w32), ("b", b32)):
+        r = ref[name]
+        assert torch.allclose(t.grad.double(), r, rtol=1e-5, atol=1e-6 * float(r.abs().max())), name
+
+
+@needs_kernel
+def test_time_encoding_empty_and_non_contiguous_inputs():
+    dt, w, b = _inputs(10, 8, 100.0)
+    w = w.clone().requires_grad_()
+    out = CosineTimeEncoding.apply(dt[:0], w, b, LIB)
+    assert out.shape == (0, 8)
+    out.sum().backward()
+    assert torch.equal(w.grad, torch.zeros(8))
+    strided = torch.stack([dt, dt], 1)[:, 0]        # non-contiguous view
+    assert not strided.is_contiguous()
+    assert torch.equal(CosineTimeEncoding.apply(strided, w, b, LIB),
+                       CosineTimeEncoding.apply(dt, w, b, LIB))
+
+
+@needs_kernel
+def test_time_encode_module_kernel_equals_torch_formula():
+    """TimeEncode on CPU float32 (the kernel) and on float64 (torch's cos) agree."""
+    enc = TimeEncode(20)
+    with torch.no_grad():
+        enc.w.bias.uniform_(-1, 1)
+    dt = torch.rand(3, 50) * 1e4
+    out = enc(dt)
+    assert out.shape == (3, 50, 20)
+    (out * torch.arange(20.0)).sum().backward()
+    gw, gb = enc.w.weight.grad.clone(), enc.w.bias.grad.clone()
+    enc.zero_grad()
+    ref = torch.cos(enc.w(dt.reshape(-1, 1).float())).reshape(3, 50, 20)  # torch's own path
+    (ref * torch.arange(20.0)).sum().backward()
+    assert (out - ref).abs().max() <= 1.2e-7
+    assert torch.allclose(gw, enc.w.weight.grad, rtol=1e-4, atol=1e-3)
+    assert torch.allclose(gb, enc.w.bias.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_time_encoding_falls_back_to_torch_off_the_kernel():
+    """float64 inputs take torch's path (same formula)."""
+    dt, w, b = (t.double() for t in _inputs(20, 6, 10.0))
+    out = cosine_time_encoding(dt, w, b)
+    assert out.dtype == torch.float64
+    assert torch.allclose(out, torch.cos(dt.view(-1, 1) * w + b))
+
+
+@needs_kernel
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_mask_distribution_and_values(p):
+    torch.manual_seed(0)
+    m = dropout_mask((1000, 1000), p, torch.empty(1))
+    assert m.shape == (1000, 1000)
+    vals = torch.unique(m)
+    assert torch.equal(vals, torch.tensor([0.0, 1.0 / (1.0 - p)]))
+    frac = float((m == 0).double().mean())
+    assert abs(frac - p) < 3e-3                      # 10^6 draws: std ~5e-4
+    # rows and columns are not correlated with the position (a counter-based stream)
+    assert abs(float((m[:, ::2] == 0).double().mean()) - p) < 5e-3
+    assert abs(float((m[::2] == 0).double().mean()) - p) < 5e-3
+
+
+@needs_kernel
+def test_dropout_mask_follows_torch_seed():
+    torch.manual_seed(3)
+    a, b = dropout_mask((5000,), 0.3, torch.empty(1)), dropout_mask((5000,), 0.3, torch.empty(1))
+    torch.manual_seed(3)
+    a2 = dropout_mask((5000,), 0.3, torch.empty(1))
+    assert torch.equal(a, a2) and not torch.equal(a, b)
+
+
+def test_dropout_module_train_eval_and_gradient():
+    drop = Dropout(0.25)
+    x = torch.randn(200, 30, requires_grad=True)
+    torch.manual_seed(1)
+    y = drop(x)
+    keep = y != 0
+    assert torch.allclose(y[keep], x[keep] / 0.75)
+    assert 0.15 < 1 - float(keep.float().mean()) < 0.35
+    y.sum().backward()
+    assert torch.allclose(x.grad, keep.float() / 0.75)
+    drop.eval()
+    assert drop(x) is x
+    assert Dropout(0.0)(x) is x
+    assert torch.equal(Dropout(1.0)(x), torch.zeros_like(x))
+    assert Dropout(0.5).state_dict() == torch.nn.Dropout(0.5).state_dict()
+
+
+def test_no_kernel_env_selects_torch_silently():
+    code = ("import logging, sys, torch; logging.basicConfig(stream=sys.stdout);"
+            "from tgl_dist.nn._pointwise import KERNEL, dropout_mask;"
+            "from tgl_dist.nn import TimeEncode;"
+            "print('KERNEL', KERNEL.get(), dropout_mask((3,), 0.5, torch.empty(1)));"
+            "print('SHAPE', tuple(TimeEncode(4)(torch.rand(5)).shape))")
+    env = {**os.environ, "TGL_DIST_NO_KERNEL": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip().splitlines() == ["KERNEL None None", "SHAPE (5, 4)"]
