@@ -132,11 +132,13 @@ class GRUMemoryUpdater(_CellUpdater):
         H = self.dim_memory
         if self.time_delta == "mail" and self.time_enc is not None:
             # one row per node: the cell on [mail || phi] directly (one input product)
-            # one row per node: the cell on [mail || phi] directly (one input product)
-            mem = srcdata["mem"]
+            # one row per node: the cell on [mail || phi], as two products so the backward
+            # computes no gradient for the (stored, constant) mail, only for phi
+            mem, m = srcdata["mem"], self.dim_mail
             phi = self.time_enc(srcdata["mail_ts"][:, -1] - srcdata["mem_ts"])
-            x = torch.cat([srcdata["mail"].reshape(mem.size(0), -1), phi], 1)
-            gi_rz, g_in = F.linear(x, self.weight_ih, self.bias_ih).split([2 * H, H], 1)
+            gi = F.linear(srcdata["mail"].reshape(mem.size(0), -1), self.weight_ih[:, :m],
+                          self.bias_ih)
+            gi_rz, g_in = torch.addmm(gi, phi, self.weight_ih[:, m:].t()).split([2 * H, H], 1)
             gh_rz, g_hn = F.linear(mem, self.weight_hh, self.bias_hh).split([2 * H, H], 1)
             r, z = torch.sigmoid(gi_rz + gh_rz).chunk(2, 1)
             n = torch.tanh(g_in + r * g_hn)
