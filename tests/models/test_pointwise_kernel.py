@@ -125,6 +125,10 @@ def test_dropout_mask_follows_torch_seed():
     torch.manual_seed(3)
     a2 = dropout_mask((5000,), 0.3, torch.empty(1))
     assert torch.equal(a, a2) and not torch.equal(a, b)
+    # outside (0, 1), for float64 or off the CPU the caller uses torch's dropout
+    assert dropout_mask((3,), 0.0, torch.empty(1)) is None
+    assert dropout_mask((3,), 1.0, torch.empty(1)) is None
+    assert dropout_mask((3,), 0.5, torch.empty(1, dtype=torch.float64)) is None
 
 
 def test_dropout_module_train_eval_and_gradient():

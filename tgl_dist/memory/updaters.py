@@ -131,7 +131,6 @@ class GRUMemoryUpdater(_CellUpdater):
     def forward(self, srcdata) -> Tensor:
         H = self.dim_memory
         if self.time_delta == "mail" and self.time_enc is not None:
-            # one row per node: the cell on [mail || phi] directly (one input product)
             # one row per node: the cell on [mail || phi], as two products so the backward
             # computes no gradient for the (stored, constant) mail, only for phi
             mem, m = srcdata["mem"], self.dim_mail

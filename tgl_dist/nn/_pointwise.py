@@ -97,8 +97,9 @@ def cosine_time_encoding(dt: Tensor, w: Tensor, b: Tensor) -> Tensor:
 def dropout_mask(shape, p: float, like: Tensor) -> Optional[Tensor]:
     """A dropout multiplier tensor (``0`` with probability ``p``, else ``1 / (1 - p)``) of
     ``shape`` from the compiled kernel, seeded by one draw from torch's default generator
-    (so ``torch.manual_seed`` reproduces it); ``None`` when the kernel does not apply."""
-    if not _cpu_f32(like):
+    (so ``torch.manual_seed`` reproduces it); ``None`` when the kernel does not apply
+    (``like`` not float32 on the CPU, ``p`` outside ``(0, 1)``, no kernel)."""
+    if not (0.0 < p < 1.0 and _cpu_f32(like)):
         return None
     lib = KERNEL.get()
     if lib is None:
@@ -114,7 +115,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     CPU float32 (same distribution, a different random stream); torch's otherwise."""
     if not training or p == 0.0:
         return x
-    mask = dropout_mask(x.shape, p, x) if 0.0 < p < 1.0 else None
+    mask = dropout_mask(x.shape, p, x)
     return torch.nn.functional.dropout(x, p, True) if mask is None else x * mask
 
 

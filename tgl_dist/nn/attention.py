@@ -133,7 +133,7 @@ def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     qk, qb = _query_terms(q, w_k, b_k, H)                                   # [D, H, C], [D, H]
     mask = None
     if att_dropout.training and att_dropout.p > 0:
-        mask = dropout_mask((M, H), att_dropout.p, x) if att_dropout.p < 1 else None
+        mask = dropout_mask((M, H), att_dropout.p, x)
         if mask is None:
             mask = F.dropout(x.new_ones(M, H), att_dropout.p, True)
     agg, asum = SegmentAttention.apply(qk, qb, hs, idx, x, ptr, mask, 0.2 if leaky else None,
