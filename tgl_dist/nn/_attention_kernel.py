@@ -29,7 +29,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import FLAGS, LazyKernel, build_cached, require_compiler
+from tgl_dist.sampling._ckernel import (FLAGS, LazyKernel, build_cached, open_library,
+                                        require_compiler)
 
 SOURCE = Path(__file__).with_name("_attention.c")
 ABI = 2
@@ -38,17 +39,11 @@ _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_flo
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    lib.tgl_att_abi.restype = _I64
-    if lib.tgl_att_abi() != ABI:
-        raise RuntimeError(f"{path} has attention kernel ABI {lib.tgl_att_abi()}, expected {ABI}")
-    lib.tgl_att_fwd.restype = None
-    lib.tgl_att_fwd.argtypes = [_I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _F,
-                                _P, _P, _P, _P, _INT]
-    lib.tgl_att_bwd.restype = None
-    lib.tgl_att_bwd.argtypes = [_I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, _F,
-                                _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT]
-    return lib
+    return open_library(path, "attention kernel", "tgl_att_abi", ABI, {
+        "tgl_att_fwd": (None, [_I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _F,
+                               _P, _P, _P, _P, _INT]),
+        "tgl_att_bwd": (None, [_I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, _F,
+                               _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT])})
 
 
 def _make() -> ctypes.CDLL:

@@ -20,7 +20,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import FLAGS, LazyKernel, build_cached, require_compiler
+from tgl_dist.sampling._ckernel import (FLAGS, LazyKernel, build_cached, open_library,
+                                        require_compiler)
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
 ABI = 1
@@ -28,17 +29,10 @@ _P, _I64, _F, _U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_u
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    lib.tgl_pw_abi.restype = _I64
-    if lib.tgl_pw_abi() != ABI:
-        raise RuntimeError(f"{path} has pointwise kernel ABI {lib.tgl_pw_abi()}, expected {ABI}")
-    lib.tgl_time_enc_fwd.restype = None
-    lib.tgl_time_enc_fwd.argtypes = [_I64, _I64, _P, _P, _P, _P]
-    lib.tgl_time_enc_bwd.restype = None
-    lib.tgl_time_enc_bwd.argtypes = [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P]
-    lib.tgl_dropout_mask.restype = None
-    lib.tgl_dropout_mask.argtypes = [_I64, _F, _F, _U64, _P]
-    return lib
+    return open_library(path, "pointwise kernel", "tgl_pw_abi", ABI, {
+        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P]),
+        "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
+        "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P])})
 
 
 def _make() -> ctypes.CDLL:

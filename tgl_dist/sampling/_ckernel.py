@@ -35,7 +35,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -106,18 +106,35 @@ def build(cc: Sequence[str], directory: Path, source: Path = SOURCE,
     return out
 
 
-def load(path: Path) -> ctypes.CDLL:
-    """Open a built kernel and declare its C signatures."""
+def open_library(path: Path, what: str, abi_symbol: str, abi: int,
+                 signatures: Dict[str, Tuple[Any, list]]) -> ctypes.CDLL:
+    """Open a built kernel library, check its ABI version and declare its C signatures.
+
+    Args:
+        what: its name in the error (``'attention kernel'``).
+        abi_symbol: the C function returning the library's ABI version (int64).
+        abi: the version this Python side expects.
+        signatures: ``{function: (restype, argtypes)}``.
+    Raises:
+        RuntimeError: the library's ABI is not ``abi`` (a stale or foreign build).
+    """
     lib = ctypes.CDLL(str(path))
-    lib.tgl_abi.restype = _I64
-    if lib.tgl_abi() != ABI:
-        raise RuntimeError(f"{path} has kernel ABI {lib.tgl_abi()}, expected {ABI}")
-    lib.tgl_count.restype = _I64
-    lib.tgl_count.argtypes = [_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]
-    lib.tgl_fill.restype = _INT
-    lib.tgl_fill.argtypes = [_P, _P, _P, _I64, _I64, _INT, _I64, _P, _P, _P,
-                             _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _INT]
+    fn = getattr(lib, abi_symbol)
+    fn.restype = _I64
+    if fn() != abi:
+        raise RuntimeError(f"{path} has {what} ABI {fn()}, expected {abi}")
+    for name, (restype, argtypes) in signatures.items():
+        getattr(lib, name).restype = restype
+        getattr(lib, name).argtypes = argtypes
     return lib
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Open a built sampling kernel and declare its C signatures."""
+    return open_library(path, "kernel", "tgl_abi", ABI, {
+        "tgl_count": (_I64, [_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]),
+        "tgl_fill": (_INT, [_P, _P, _P, _I64, _I64, _INT, _I64, _P, _P, _P,
+                            _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _INT])})
 
 
 class Records:
