@@ -131,6 +131,39 @@ def test_dropout_mask_follows_torch_seed():
     assert dropout_mask((3,), 0.5, torch.empty(1, dtype=torch.float64)) is None
 
 
+@needs_kernel
+def test_results_do_not_depend_on_the_thread_count():
+    """Rows run in fixed blocks (sums in block order), masks are counter-based: 1, 2 and 3
+    OpenMP workers give bitwise the same encodings, gradients and masks."""
+    dt, w, b = _inputs(5000, 100, 1e6)                  # > 32k elements: several workers
+    g = torch.randn(5000, 100, generator=torch.Generator().manual_seed(1))
+    saved = LIB.threads
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            LIB.threads = lambda n=n: n
+            dt_, w_, b_ = (t.clone().requires_grad_() for t in (dt, w, b))
+            out = CosineTimeEncoding.apply(dt_, w_, b_, LIB)
+            out.backward(g)
+            torch.manual_seed(0)
+            outs.append((out.detach(), dt_.grad, w_.grad, b_.grad,
+                         dropout_mask((300, 300), 0.3, torch.empty(1))))
+    finally:
+        LIB.threads = saved
+    for other in outs[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(outs[0], other))
+
+
+def test_kernels_share_torch_openmp_runtime():
+    """Built with OpenMP, the kernels' parallel regions run on torch's own workers: the
+    process maps one OpenMP runtime (Linux with GCC, what CI runs)."""
+    from tgl_dist.sampling._ckernel import _openmp_runtimes
+    if LIB is None or not LIB.openmp or not sys.platform.startswith("linux"):
+        pytest.skip("no kernel, a compiler without OpenMP, or no /proc/self/maps to inspect")
+    assert _openmp_runtimes() == 1
+    assert LIB.threads() == torch.get_num_threads()
+
+
 def test_dropout_module_train_eval_and_gradient():
     drop = Dropout(0.25)
     x = torch.randn(200, 30, requires_grad=True)

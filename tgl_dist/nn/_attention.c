@@ -1,4 +1,4 @@
-/* Fused segment attention of tgl_dist's temporal attention layers: plain C99 + pthreads.
+/* Fused segment attention of tgl_dist's temporal attention layers: plain C99 (+ OpenMP).
  *
  * Built on first use by tgl_dist/nn/_attention_kernel.py (same compiler, flags and cache as
  * the sampling kernel) and called through ctypes on tensors' data pointers.
@@ -24,12 +24,19 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_THREADS 64
+
+/* on x86-64 Linux with GCC, the per-destination passes get an AVX2+FMA clone beside the
+ * generic one, picked at load time (no -march: the library runs on any x86-64) */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define TGL_CLONES __attribute__((target_clones("avx2,fma", "default")))
+#else
+#define TGL_CLONES
+#endif
 
 int64_t tgl_att_abi(void) { return 2; }
 /* at most HMAX heads (checked by the caller) */
@@ -76,7 +83,7 @@ static inline void raxpy(const job_t *j, float *y, float a, int64_t e) {
 /* Per destination, edges outer and heads inner: an edge's input row X[e] (Cx floats) is
  * read from memory once per pass and reused by every head from L1. */
 #define HMAX 16
-static void fwd_range(const job_t *j) {
+TGL_CLONES static void fwd_range(const job_t *j) {
   const int64_t H = j->H, Cx = j->Cx;
   float mx[HMAX], sum[HMAX], as[HMAX];
   for (int64_t d = j->d0; d < j->d1; ++d) {
@@ -114,7 +121,7 @@ static void fwd_range(const job_t *j) {
   }
 }
 
-static void bwd_range(const job_t *j) {
+TGL_CLONES static void bwd_range(const job_t *j) {
   const int64_t H = j->H, Cx = j->Cx, dn = j->dn, cx = j->cx;
   float dotag[HMAX], gb[HMAX];
   float *gx = j->work;  /* d loss / d x_e */
@@ -156,7 +163,7 @@ static void bwd_range(const job_t *j) {
 
 /* g_hs[u] = sum of g_xh[e] over the edges e with idx[e] = u, in edge order; this thread
  * owns rows [u0, u1). */
-static void scatter_range(const job_t *j) {
+TGL_CLONES static void scatter_range(const job_t *j) {
   const int64_t dn = j->dn, M = j->ptr[j->D];
   if (j->u1 > j->u0)
     memset(j->g_hs + j->u0 * dn, 0, (size_t)((j->u1 - j->u0) * dn) * sizeof(float));
@@ -166,18 +173,13 @@ static void scatter_range(const job_t *j) {
   }
 }
 
-static void *run_fwd(void *p) { fwd_range((const job_t *)p); return NULL; }
-static void *run_bwd(void *p) { bwd_range((const job_t *)p); return NULL; }
-static void *run_scatter(void *p) { scatter_range((const job_t *)p); return NULL; }
 
 /* Split [0, D) into `threads` ranges of about equal edge counts and run fn on each. */
-static void run(job_t *base, int threads, void *(*fn)(void *)) {
+static void run(job_t *base, int threads, void (*fn)(const job_t *)) {
   const int64_t D = base->D, M = base->ptr[D];
   if (threads > MAX_THREADS) threads = MAX_THREADS;
   if (threads < 1 || D < 2 * threads) threads = 1;
   job_t jobs[MAX_THREADS];
-  pthread_t th[MAX_THREADS];
-  int started[MAX_THREADS];
   int64_t d = 0;
   for (int t = 0; t < threads; ++t) {
     jobs[t] = *base;
@@ -194,13 +196,12 @@ static void run(job_t *base, int threads, void *(*fn)(void *)) {
     jobs[t].u0 = (base->U * t) / threads;
     jobs[t].u1 = (base->U * (t + 1)) / threads;
   }
-  for (int t = 1; t < threads; ++t)
-    started[t] = pthread_create(&th[t], NULL, fn, &jobs[t]) == 0;
-  fn(&jobs[0]);
-  for (int t = 1; t < threads; ++t) {
-    if (started[t]) pthread_join(th[t], NULL);
-    else fn(&jobs[t]);  /* no thread: run that range here */
-  }
+  /* with OpenMP (tgl_dist builds with -fopenmp when the compiler has it) the ranges run on
+   * the process's OpenMP workers, torch's own when the runtime is shared (see
+   * openmp_threads in tgl_dist/sampling/_ckernel.py); without it, one after the other */
+  int t;
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (t = 0; t < threads; ++t) fn(&jobs[t]);
 }
 
 void tgl_att_fwd(int64_t D, int64_t H, int64_t dn, int64_t cx, const int64_t *ptr,
@@ -212,7 +213,7 @@ void tgl_att_fwd(int64_t D, int64_t H, int64_t dn, int64_t cx, const int64_t *pt
   j.D = D; j.H = H; j.dn = dn; j.cx = cx; j.Cx = dn + cx; j.ptr = ptr; j.qx = qx; j.qb = qb;
   j.hs = hs; j.idx = idx; j.X = X; j.mask = mask; j.act = act; j.slope = slope; j.s = s;
   j.alpha = alpha; j.aggx = aggx; j.asum = asum;
-  run(&j, threads, run_fwd);
+  run(&j, threads, fwd_range);
 }
 
 /* g_xh: scratch [M, dn]; g_hs: [U, dn] output (U rows of hs); tmp: scratch [M, H];
@@ -229,6 +230,6 @@ void tgl_att_bwd(int64_t D, int64_t H, int64_t dn, int64_t cx, int64_t U, const 
   j.s = (float *)s; j.alpha = (float *)alpha; j.g_aggx = g_aggx; j.g_asum = g_asum;
   j.g_qx = g_qx; j.g_qb = g_qb; j.g_X = g_X; j.g_xh = g_xh; j.g_hs = g_hs; j.tmp = tmp;
   j.work = work;
-  run(&j, threads, run_bwd);
-  if (dn) run(&j, threads, run_scatter);
+  run(&j, threads, bwd_range);
+  if (dn) run(&j, threads, scatter_range);
 }

@@ -1,7 +1,8 @@
 """The compiled segment-attention kernel (``_attention.c``) and its autograd function.
 
 Built and cached like the sampling kernel (:mod:`tgl_dist.sampling._ckernel`: plain C,
-the system compiler, about a second on first use). :func:`get_attention_kernel`
+the system compiler, about a second on first use), with OpenMP: destinations are split
+over torch's own worker threads (:func:`tgl_dist.sampling._ckernel.load_openmp`). :func:`get_attention_kernel`
 returns ``None`` when it cannot be built; the attention layers then use their torch
 formulations, which compute the same values (``tests/models/test_attention_kernel.py``
 compares all three), and ONE warning per process says why.
@@ -29,8 +30,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import (FLAGS, LazyKernel, build_cached, open_library,
-                                        require_compiler)
+from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
 
 SOURCE = Path(__file__).with_name("_attention.c")
 ABI = 2
@@ -47,7 +47,7 @@ def _load(path: Path) -> ctypes.CDLL:
 
 
 def _make() -> ctypes.CDLL:
-    return _load(build_cached(require_compiler(), SOURCE, FLAGS, ("-lm",)))
+    return load_openmp(SOURCE, _load, ("-lm",))
 
 
 KERNEL = LazyKernel("attention kernel", _make,

@@ -24,7 +24,7 @@
  */
 #include <stdint.h>
 
-#define TGL_PW_ABI 1
+#define TGL_PW_ABI 2
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx2,fma", "default")))
@@ -63,10 +63,25 @@ static inline double sin_poly(double h) { /* sin h, |h| <= pi/2: Taylor to h^13 
          + h2 * (-1.0 / 39916800 + h2 * (1.0 / 6227020800.0)))))));
 }
 
+/* Rows are processed in blocks of ROWS; with OpenMP (when built with it; the workers are
+ * torch's own, the same libgomp being loaded once per process) blocks are shared among
+ * `threads` workers. Every sum runs in an order fixed by the block size alone, so results
+ * do not depend on the number of threads. */
+#define ROWS 64
+
+static int64_t nblocks(int64_t M) { return (M + ROWS - 1) / ROWS; }
+
+/* workers for n elements: one below ~32k (a parallel region costs a few microseconds) */
+static int workers(int threads, int64_t n, int64_t blocks) {
+  int t = threads < 1 ? 1 : threads;
+  if (n < 32768) t = 1;
+  return t > blocks ? (int)(blocks > 0 ? blocks : 1) : t;
+}
+
 TGL_CLONES
-void tgl_time_enc_fwd(int64_t M, int64_t d, const float *dt, const float *w, const float *b,
-                      float *out) {
-  for (int64_t i = 0; i < M; ++i) {
+static void enc_fwd_rows(int64_t i0, int64_t i1, int64_t d, const float *dt, const float *w,
+                         const float *b, float *out) {
+  for (int64_t i = i0; i < i1; ++i) {
     const float t = dt[i];
     float *o = out + i * d;
     for (int64_t j = 0; j < d; ++j) {
@@ -76,13 +91,22 @@ void tgl_time_enc_fwd(int64_t M, int64_t d, const float *dt, const float *w, con
   }
 }
 
-/* gw, gb: [d] (written); gdt: [M] or NULL; acc: [2 d] and gz: [d] double scratch. */
+void tgl_time_enc_fwd(int64_t M, int64_t d, const float *dt, const float *w, const float *b,
+                      float *out, int threads) {
+  const int64_t nb = nblocks(M);
+  int64_t k;
+#pragma omp parallel for num_threads(workers(threads, M * d, nb)) schedule(static)
+  for (k = 0; k < nb; ++k)
+    enc_fwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, out);
+}
+
+/* block k's sums into acc [2 d] (w then b), gdt of its rows; gz: [d] double scratch */
 TGL_CLONES
-void tgl_time_enc_bwd(int64_t M, int64_t d, const float *dt, const float *w, const float *b,
-                      const float *g, float *gw, float *gb, float *gdt, double *acc, double *gz) {
+static void enc_bwd_rows(int64_t i0, int64_t i1, int64_t d, const float *dt, const float *w,
+                         const float *b, const float *g, float *gdt, double *acc, double *gz) {
   double *aw = acc, *ab = acc + d;
   for (int64_t j = 0; j < 2 * d; ++j) acc[j] = 0.0;
-  for (int64_t i = 0; i < M; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     const float t = dt[i];
     const double td = (double)t;
     const float *gi = g + i * d;
@@ -101,9 +125,29 @@ void tgl_time_enc_bwd(int64_t M, int64_t d, const float *dt, const float *w, con
       gdt[i] = (float)s;
     }
   }
-  for (int64_t j = 0; j < d; ++j) {
-    gw[j] = (float)aw[j];
-    gb[j] = (float)ab[j];
+}
+
+/* gw, gb: [d] (written); gdt: [M] or NULL; acc: double scratch of
+ * tgl_time_enc_bwd_scratch(M, d) elements. */
+int64_t tgl_time_enc_bwd_scratch(int64_t M, int64_t d) { return nblocks(M) * 3 * d; }
+
+void tgl_time_enc_bwd(int64_t M, int64_t d, const float *dt, const float *w, const float *b,
+                      const float *g, float *gw, float *gb, float *gdt, double *acc,
+                      int threads) {
+  const int64_t nb = nblocks(M);
+  int64_t k;
+#pragma omp parallel for num_threads(workers(threads, M * d, nb)) schedule(static)
+  for (k = 0; k < nb; ++k)
+    enc_bwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, g, gdt,
+                 acc + k * 3 * d, acc + k * 3 * d + 2 * d);
+  for (int64_t j = 0; j < d; ++j) {   /* the blocks' sums, in block order */
+    double sw = 0.0, sb = 0.0;
+    for (k = 0; k < nb; ++k) {
+      sw += acc[k * 3 * d + j];
+      sb += acc[k * 3 * d + d + j];
+    }
+    gw[j] = (float)sw;
+    gb[j] = (float)sb;
   }
 }
 
@@ -116,11 +160,20 @@ static inline uint64_t splitmix64(uint64_t x) {
 
 /* out[i] = scale if uniform(seed, i) >= p else 0 (p in [0, 1)). */
 TGL_CLONES
-void tgl_dropout_mask(int64_t n, float p, float scale, uint64_t seed, float *out) {
-  const uint64_t thresh = (uint64_t)((double)p * 16777216.0);  /* p in units of 2^-24 */
-  const uint64_t base = splitmix64(seed);
-  for (int64_t i = 0; i < n; ++i) {
+static void mask_range(int64_t i0, int64_t i1, uint64_t thresh, float scale, uint64_t base,
+                       float *out) {
+  for (int64_t i = i0; i < i1; ++i) {
     const uint64_t u = splitmix64(base + (uint64_t)i) >> 40;  /* 24 uniform bits */
     out[i] = u >= thresh ? scale : 0.0f;
   }
+}
+
+void tgl_dropout_mask(int64_t n, float p, float scale, uint64_t seed, float *out, int threads) {
+  const uint64_t thresh = (uint64_t)((double)p * 16777216.0);  /* p in units of 2^-24 */
+  const uint64_t base = splitmix64(seed);
+  const int64_t chunk = 16384, nb = (n + chunk - 1) / chunk;
+  int64_t k;
+#pragma omp parallel for num_threads(workers(threads, n, nb)) schedule(static)
+  for (k = 0; k < nb; ++k)
+    mask_range(k * chunk, k * chunk + chunk < n ? k * chunk + chunk : n, thresh, scale, base, out);
 }

@@ -1,7 +1,9 @@
 """Compiled pointwise kernels (``_pointwise.c``): the cosine time encoding and dropout.
 
 Built and cached like the other kernels (:mod:`tgl_dist.sampling._ckernel`: plain C, the
-system compiler, about a second on first use). Both functions here fall back to torch
+system compiler, about a second on first use), with OpenMP: large inputs are split in
+fixed blocks of rows over torch's own worker threads (results do not depend on their
+number). Both functions here fall back to torch
 (same values up to float rounding; ``tests/models/test_pointwise_kernel.py`` compares
 them) when the kernel cannot be built (ONE warning per process), for tensors that are
 not float32 on the CPU, and with ``TGL_DIST_NO_KERNEL=1``.
@@ -20,23 +22,24 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import (FLAGS, LazyKernel, build_cached, open_library,
-                                        require_compiler)
+from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 1
-_P, _I64, _F, _U64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64
+ABI = 2
+_P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
+                           ctypes.c_int)
 
 
 def _load(path: Path) -> ctypes.CDLL:
     return open_library(path, "pointwise kernel", "tgl_pw_abi", ABI, {
-        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P]),
-        "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _P]),
-        "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P])})
+        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _INT]),
+        "tgl_time_enc_bwd_scratch": (_I64, [_I64, _I64]),
+        "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _INT]),
+        "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT])})
 
 
 def _make() -> ctypes.CDLL:
-    return _load(build_cached(require_compiler(), SOURCE, FLAGS))
+    return load_openmp(SOURCE, _load)
 
 
 KERNEL = LazyKernel("pointwise kernel", _make,
@@ -59,7 +62,7 @@ class CosineTimeEncoding(torch.autograd.Function):
         dt, w, b = dt.contiguous(), w.contiguous(), b.contiguous()
         out = torch.empty(dt.numel(), w.numel())
         lib.tgl_time_enc_fwd(dt.numel(), w.numel(), dt.data_ptr(), w.data_ptr(), b.data_ptr(),
-                             out.data_ptr())
+                             out.data_ptr(), lib.threads())
         ctx.save_for_backward(dt, w, b)
         ctx.lib = lib
         return out
@@ -71,11 +74,11 @@ class CosineTimeEncoding(torch.autograd.Function):
         M, d = dt.numel(), w.numel()
         gw, gb = torch.empty(d), torch.empty(d)
         gdt = torch.empty(M) if ctx.needs_input_grad[0] else None
-        acc = torch.empty(3 * d, dtype=torch.float64)
+        acc = torch.empty(ctx.lib.tgl_time_enc_bwd_scratch(M, d), dtype=torch.float64)
         ctx.lib.tgl_time_enc_bwd(M, d, dt.data_ptr(), w.data_ptr(), b.data_ptr(), g.data_ptr(),
                                  gw.data_ptr(), gb.data_ptr(),
                                  None if gdt is None else gdt.data_ptr(), acc.data_ptr(),
-                                 acc[2 * d:].data_ptr())
+                                 ctx.lib.threads())
         return gdt, gw, gb, None
 
 
@@ -100,7 +103,8 @@ def dropout_mask(shape, p: float, like: Tensor) -> Optional[Tensor]:
         return None
     out = torch.empty(shape)
     seed = int(torch.randint(0, 2 ** 62, (1,)))
-    lib.tgl_dropout_mask(out.numel(), float(p), 1.0 / (1.0 - p), seed, out.data_ptr())
+    lib.tgl_dropout_mask(out.numel(), float(p), 1.0 / (1.0 - p), seed, out.data_ptr(),
+                         lib.threads())
     return out
 
 

@@ -137,7 +137,7 @@ def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
         if mask is None:
             mask = F.dropout(x.new_ones(M, H), att_dropout.p, True)
     agg, asum = SegmentAttention.apply(qk, qb, hs, idx, x, ptr, mask, 0.2 if leaky else None,
-                                       lib, 1)          # [D, H, C], [D, H]
+                                       lib, lib.threads())  # [D, H, C], [D, H]
     return _value_out(agg, asum, w_v, b_v)
 
 

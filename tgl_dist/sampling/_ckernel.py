@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("_sampler.c")
 ABI = 4
 FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC", "-pthread")
+OPENMP_FLAGS = (*FLAGS, "-fopenmp")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
@@ -287,6 +288,49 @@ def build_cached(cc: Sequence[str], source: Path = SOURCE, flags: Sequence[str] 
     except OSError:
         uid = os.getuid() if hasattr(os, "getuid") else 0
         return build(cc, Path(tempfile.gettempdir()) / f"tgl_dist-{uid}", source, flags, libs)
+
+
+def load_openmp(source: Path, load: Callable[[Path], ctypes.CDLL],
+                libs: Sequence[str] = ()) -> ctypes.CDLL:
+    """Build ``source`` with OpenMP (``-fopenmp``; without it when the compiler has none)
+    and open it with ``load``. The library gets two attributes: ``openmp`` (built with
+    it) and ``threads()``, the worker count to pass to its calls (:func:`openmp_threads`)."""
+    cc = require_compiler()
+    try:
+        path, openmp = build_cached(cc, source, OPENMP_FLAGS, libs), True
+    except RuntimeError as e:
+        log.debug("building %s without OpenMP: %s", source.name, e)
+        path, openmp = build_cached(cc, source, FLAGS, libs), False
+    lib = load(path)
+    lib.openmp, lib.threads = openmp, openmp_threads(openmp)
+    return lib
+
+
+def _openmp_runtimes() -> Optional[int]:
+    """How many OpenMP runtimes this process has mapped (Linux), else ``None``."""
+    try:
+        with open("/proc/self/maps") as f:
+            names = {os.path.basename(line.split()[-1]) for line in f if "omp" in line}
+    except OSError:
+        return None
+    return sum(1 for n in names if n.startswith(("libgomp", "libomp", "libiomp")))
+
+
+def openmp_threads(built_with_openmp: bool) -> Callable[[], int]:
+    """The thread count to pass to an OpenMP kernel just loaded: torch's own
+    (``torch.get_num_threads()``, read at each call) when the kernel shares torch's
+    OpenMP runtime, else 1.
+
+    Sharing matters on a small machine: the kernel's parallel regions then run on the
+    workers torch's own operators just used (still spinning, ready), where a second
+    runtime's threads would compete with them for the same cores. The system's
+    ``libgomp`` and the one torch's wheels bundle share a soname, so the loader maps
+    it once; anything else (a kernel built against ``libomp`` while torch uses
+    ``libgomp``, or no ``/proc`` to check) gets 1 thread.
+    """
+    if built_with_openmp and _openmp_runtimes() == 1:
+        return torch.get_num_threads
+    return lambda: 1
 
 
 class LazyKernel:
