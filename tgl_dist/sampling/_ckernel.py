@@ -302,33 +302,35 @@ def load_openmp(source: Path, load: Callable[[Path], ctypes.CDLL],
         log.debug("building %s without OpenMP: %s", source.name, e)
         path, openmp = build_cached(cc, source, FLAGS, libs), False
     lib = load(path)
-    lib.openmp, lib.threads = openmp, openmp_threads(openmp)
+    lib.openmp, lib.threads = openmp, openmp_threads(lib, openmp)
     return lib
 
 
-def _openmp_runtimes() -> Optional[int]:
-    """How many OpenMP runtimes this process has mapped (Linux), else ``None``."""
+def shares_torch_openmp(lib: ctypes.CDLL) -> bool:
+    """Whether ``lib`` calls the same OpenMP runtime as torch: its ``omp_get_max_threads``
+    resolves to the very function torch's ``libtorch_cpu`` resolves it to."""
     try:
-        with open("/proc/self/maps") as f:
-            names = {os.path.basename(line.split()[-1]) for line in f if "omp" in line}
-    except OSError:
-        return None
-    return sum(1 for n in names if n.startswith(("libgomp", "libomp", "libiomp")))
+        (torch_cpu,) = Path(torch.__file__).parent.joinpath("lib").glob("libtorch_cpu.*")
+        ours = ctypes.cast(lib.omp_get_max_threads, ctypes.c_void_p).value
+        theirs = ctypes.cast(ctypes.CDLL(str(torch_cpu)).omp_get_max_threads, ctypes.c_void_p).value
+    except (ValueError, OSError, AttributeError):  # no single libtorch_cpu, no symbol
+        return False
+    return ours is not None and ours == theirs
 
 
-def openmp_threads(built_with_openmp: bool) -> Callable[[], int]:
-    """The thread count to pass to an OpenMP kernel just loaded: torch's own
+def openmp_threads(lib: ctypes.CDLL, built_with_openmp: bool) -> Callable[[], int]:
+    """The worker count to pass to an OpenMP kernel: torch's own
     (``torch.get_num_threads()``, read at each call) when the kernel shares torch's
-    OpenMP runtime, else 1.
+    OpenMP runtime (:func:`shares_torch_openmp`), else 1.
 
     Sharing matters on a small machine: the kernel's parallel regions then run on the
     workers torch's own operators just used (still spinning, ready), where a second
-    runtime's threads would compete with them for the same cores. The system's
-    ``libgomp`` and the one torch's wheels bundle share a soname, so the loader maps
-    it once; anything else (a kernel built against ``libomp`` while torch uses
-    ``libgomp``, or no ``/proc`` to check) gets 1 thread.
+    runtime's threads would compete with them for the same cores. A kernel built by GCC
+    needs ``libgomp.so.1``, the soname of the ``libgomp`` torch's Linux wheels bundle,
+    so the loader binds it to torch's copy; anything else (torch on ``libiomp5``, a
+    kernel built against ``libomp``) gets 1 thread.
     """
-    if built_with_openmp and _openmp_runtimes() == 1:
+    if built_with_openmp and shares_torch_openmp(lib):
         return torch.get_num_threads
     return lambda: 1
 
