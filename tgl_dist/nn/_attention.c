@@ -38,7 +38,13 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 2; }
+int64_t tgl_att_abi(void) { return 3; }
+
+#if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 ld8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+#endif
 /* at most HMAX heads (checked by the caller) */
 
 typedef struct {
@@ -50,17 +56,26 @@ typedef struct {
   float *s, *alpha, *aggx, *asum;
   /* backward */
   const float *g_aggx, *g_asum; float *g_qx, *g_qb, *g_X, *g_xh, *g_hs, *tmp;
-  float *work;                   /* [threads, Cx] scratch (one row per thread) */
   int64_t d0, d1, u0, u1;
 } job_t;
 
-/* dot product with 8 independent partial sums (vectorisable without -ffast-math; fixed order) */
+/* dot product in a fixed order: 32 independent partial sums (four 8-float vectors with
+ * GCC / clang, so the additions' latency overlaps), then 8 at a time, then one by one */
 static inline float dot(const float *a, const float *b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float r = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  float r = 0.f;
+#if defined(__GNUC__)
+  v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+  for (; i + 32 <= n; i += 32) {
+    s0 += ld8(a + i) * ld8(b + i);
+    s1 += ld8(a + i + 8) * ld8(b + i + 8);
+    s2 += ld8(a + i + 16) * ld8(b + i + 16);
+    s3 += ld8(a + i + 24) * ld8(b + i + 24);
+  }
+  for (; i + 8 <= n; i += 8) s0 += ld8(a + i) * ld8(b + i);
+  const v8 t = (s0 + s1) + (s2 + s3);
+  r = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+#endif
   for (; i < n; ++i) r += a[i] * b[i];
   return r;
 }
@@ -75,22 +90,85 @@ static inline float rdot(const job_t *j, const float *q, int64_t e) {
   if (j->dn) r += dot(q, j->hs + j->idx[e] * j->dn, j->dn);
   return r;
 }
-static inline void raxpy(const job_t *j, float *y, float a, int64_t e) {
-  if (j->dn) axpy(y, a, j->hs + j->idx[e] * j->dn, j->dn);
-  if (j->cx) axpy(y + j->dn, a, j->X + e * j->cx, j->cx);
+/* wsum: out[c] = sum over i = 0..K-1, in order, of wv[i] * rows[i][c], c < n. Columns go
+ * in blocks held in registers, so each output element is written once (no
+ * read-modify-write per edge); per element the arithmetic is that of adding the edges
+ * one by one (no fused multiply-add: -std=c99 keeps products and sums separate). */
+#if defined(__GNUC__)
+
+static inline void wsum(float *restrict out, int64_t n, int64_t K, const float *restrict wv,
+                        const float *const *restrict rows) {
+  int64_t c = 0;
+  for (; c + 32 <= n; c += 32) {
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t i = 0; i < K; ++i) {
+      const float w = wv[i], *r = rows[i] + c;
+      a0 += w * ld8(r); a1 += w * ld8(r + 8); a2 += w * ld8(r + 16); a3 += w * ld8(r + 24);
+    }
+    st8(out + c, a0); st8(out + c + 8, a1); st8(out + c + 16, a2); st8(out + c + 24, a3);
+  }
+  for (; c + 8 <= n; c += 8) {
+    v8 a0 = {0};
+    for (int64_t i = 0; i < K; ++i) a0 += wv[i] * ld8(rows[i] + c);
+    st8(out + c, a0);
+  }
+  for (; c < n; ++c) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < K; ++i) acc += wv[i] * rows[i][c];
+    out[c] = acc;
+  }
+}
+#else
+static inline void wsum(float *restrict out, int64_t n, int64_t K, const float *restrict wv,
+                        const float *const *restrict rows) {
+  for (int64_t c = 0; c < n; ++c) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < K; ++i) acc += wv[i] * rows[i][c];
+    out[c] = acc;
+  }
+}
+#endif
+
+/* per-thread scratch for one destination's edges: weights and both segments' row
+ * pointers (sized for the largest in-degree of the thread's range) */
+typedef struct { float *wv; const float **pn, **px; } rows_t;
+
+static int rows_alloc(rows_t *b, const job_t *j) {
+  int64_t K = 1;
+  for (int64_t d = j->d0; d < j->d1; ++d)
+    if (j->ptr[d + 1] - j->ptr[d] > K) K = j->ptr[d + 1] - j->ptr[d];
+  b->wv = malloc((size_t)K * sizeof(float));
+  b->pn = malloc((size_t)K * sizeof(float *));
+  b->px = malloc((size_t)K * sizeof(float *));
+  return b->wv && b->pn && b->px;
+}
+static void rows_free(rows_t *b) { free(b->wv); free((void *)b->pn); free((void *)b->px); }
+
+static inline void rows_set(rows_t *b, const job_t *j, int64_t lo, int64_t hi) {
+  for (int64_t e = lo; e < hi; ++e) {
+    if (j->dn) b->pn[e - lo] = j->hs + j->idx[e] * j->dn;
+    if (j->cx) b->px[e - lo] = j->X + e * j->cx;
+  }
 }
 
-/* Per destination, edges outer and heads inner: an edge's input row X[e] (Cx floats) is
- * read from memory once per pass and reused by every head from L1. */
+/* out (one head's [Cx] row) = sum_e wv[e - lo] x_e over both segments */
+static inline void row_wsum(const job_t *j, const rows_t *b, float *out, int64_t K) {
+  if (j->dn) wsum(out, j->dn, K, b->wv, b->pn);
+  if (j->cx) wsum(out + j->dn, j->cx, K, b->wv, b->px);
+}
+
+/* Per destination: the scores edge by edge (heads inner: an edge's row is read once and
+ * reused by every head from L1), then the weighted sums in column blocks (row_wsum). */
 #define HMAX 16
 TGL_CLONES static void fwd_range(const job_t *j) {
   const int64_t H = j->H, Cx = j->Cx;
   float mx[HMAX], sum[HMAX], as[HMAX];
+  rows_t b;
+  if (!rows_alloc(&b, j)) abort();
   for (int64_t d = j->d0; d < j->d1; ++d) {
     const int64_t lo = j->ptr[d], hi = j->ptr[d + 1];
     const float *qd = j->qx + d * H * Cx;
     float *agg = j->aggx + d * H * Cx;
-    memset(agg, 0, (size_t)(H * Cx) * sizeof(float));
     for (int64_t h = 0; h < H; ++h) { mx[h] = -INFINITY; sum[h] = 0.f; as[h] = 0.f; }
     for (int64_t e = lo; e < hi; ++e) {
       for (int64_t h = 0; h < H; ++h) {
@@ -112,25 +190,57 @@ TGL_CLONES static void fwd_range(const job_t *j) {
       for (int64_t h = 0; h < H; ++h) {
         const float a = j->alpha[e * H + h] * sum[h];
         j->alpha[e * H + h] = a;
-        const float w = j->mask ? a * j->mask[e * H + h] : a;
-        as[h] += w;
-        raxpy(j, agg + h * Cx, w, e);
+        as[h] += j->mask ? a * j->mask[e * H + h] : a;
       }
     }
-    for (int64_t h = 0; h < H; ++h) j->asum[d * H + h] = as[h];
+    rows_set(&b, j, lo, hi);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t e = lo; e < hi; ++e)
+        b.wv[e - lo] = j->mask ? j->alpha[e * H + h] * j->mask[e * H + h] : j->alpha[e * H + h];
+      row_wsum(j, &b, agg + h * Cx, hi - lo);
+      j->asum[d * H + h] = as[h];
+    }
+  }
+  rows_free(&b);
+}
+
+/* one edge's input-row gradient over one segment (columns off .. off+n-1 of the row):
+ * out[c] = sum over heads h, in order, of g[h] qd[h, off+c] + am[h] gad[h, off+c] */
+static inline void edge_grad(float *restrict out, int64_t n, int64_t off, int64_t H,
+                             int64_t Cx, const float *g, const float *am, const float *qd,
+                             const float *gad) {
+  int64_t c = 0;
+#if defined(__GNUC__)
+  for (; c + 16 <= n; c += 16) {
+    v8 a0 = {0}, a1 = {0};
+    for (int64_t h = 0; h < H; ++h) {
+      const float *q = qd + h * Cx + off + c, *ga = gad + h * Cx + off + c;
+      a0 += g[h] * ld8(q); a1 += g[h] * ld8(q + 8);
+      a0 += am[h] * ld8(ga); a1 += am[h] * ld8(ga + 8);
+    }
+    st8(out + c, a0); st8(out + c + 8, a1);
+  }
+#endif
+  for (; c < n; ++c) {
+    float acc = 0.f;
+    for (int64_t h = 0; h < H; ++h) {
+      acc += g[h] * qd[h * Cx + off + c];
+      acc += am[h] * gad[h * Cx + off + c];
+    }
+    out[c] = acc;
   }
 }
 
 TGL_CLONES static void bwd_range(const job_t *j) {
   const int64_t H = j->H, Cx = j->Cx, dn = j->dn, cx = j->cx;
-  float dotag[HMAX], gb[HMAX];
-  float *gx = j->work;  /* d loss / d x_e */
+  float dotag[HMAX], gb[HMAX], am[HMAX];
+  rows_t b;
+  if (!rows_alloc(&b, j)) abort();
   for (int64_t d = j->d0; d < j->d1; ++d) {
     const int64_t lo = j->ptr[d], hi = j->ptr[d + 1];
     const float *gad = j->g_aggx + d * H * Cx;
     const float *qd = j->qx + d * H * Cx;
     float *gq = j->g_qx + d * H * Cx;
-    memset(gq, 0, (size_t)(H * Cx) * sizeof(float));
     for (int64_t h = 0; h < H; ++h) { dotag[h] = 0.f; gb[h] = 0.f; }
     /* d loss / d alpha (into tmp) and the softmax's sum_e alpha * that, per head */
     for (int64_t e = lo; e < hi; ++e)
@@ -142,23 +252,28 @@ TGL_CLONES static void bwd_range(const job_t *j) {
         j->tmp[e * H + h] = ga;
         dotag[h] += a * ga;
       }
-    for (int64_t e = lo; e < hi; ++e) {
-      memset(gx, 0, (size_t)Cx * sizeof(float));
+    /* d loss / d score (into tmp, replacing d loss / d alpha) */
+    for (int64_t e = lo; e < hi; ++e)
       for (int64_t h = 0; h < H; ++h) {
-        const float a = j->alpha[e * H + h];
-        const float m = j->mask ? j->mask[e * H + h] : 1.f;
-        float g = a * (j->tmp[e * H + h] - dotag[h]);          /* softmax backward */
-        if (j->act && j->s[e * H + h] < 0.f) g *= j->slope;     /* LeakyReLU backward */
+        float g = j->alpha[e * H + h] * (j->tmp[e * H + h] - dotag[h]);  /* softmax backward */
+        if (j->act && j->s[e * H + h] < 0.f) g *= j->slope;             /* LeakyReLU backward */
+        j->tmp[e * H + h] = g;
         gb[h] += g;
-        raxpy(j, gq + h * Cx, g, e);
-        axpy(gx, g, qd + h * Cx, Cx);
-        axpy(gx, a * m, gad + h * Cx, Cx);                      /* from aggx += w x_e */
       }
-      if (dn) memcpy(j->g_xh + e * dn, gx, (size_t)dn * sizeof(float));
-      if (cx) memcpy(j->g_X + e * cx, gx + dn, (size_t)cx * sizeof(float));
+    rows_set(&b, j, lo, hi);
+    for (int64_t h = 0; h < H; ++h) {                 /* g_qx[d, h] = sum_e g[e, h] x_e */
+      for (int64_t e = lo; e < hi; ++e) b.wv[e - lo] = j->tmp[e * H + h];
+      row_wsum(j, &b, gq + h * Cx, hi - lo);
+    }
+    for (int64_t e = lo; e < hi; ++e) {               /* g x_e, from the scores and aggx */
+      for (int64_t h = 0; h < H; ++h)
+        am[h] = j->mask ? j->alpha[e * H + h] * j->mask[e * H + h] : j->alpha[e * H + h];
+      if (dn) edge_grad(j->g_xh + e * dn, dn, 0, H, Cx, j->tmp + e * H, am, qd, gad);
+      if (cx) edge_grad(j->g_X + e * cx, cx, dn, H, Cx, j->tmp + e * H, am, qd, gad);
     }
     if (j->g_qb) for (int64_t h = 0; h < H; ++h) j->g_qb[d * H + h] = gb[h];
   }
+  rows_free(&b);
 }
 
 /* g_hs[u] = sum of g_xh[e] over the edges e with idx[e] = u, in edge order; this thread
@@ -192,7 +307,6 @@ static void run(job_t *base, int threads, void (*fn)(const job_t *)) {
       if (d < jobs[t].d0 + 1 && d < D) d = jobs[t].d0 + 1;
     }
     jobs[t].d1 = d;
-    jobs[t].work = base->work ? base->work + t * base->Cx : NULL;
     jobs[t].u0 = (base->U * t) / threads;
     jobs[t].u1 = (base->U * (t + 1)) / threads;
   }
@@ -217,19 +331,18 @@ void tgl_att_fwd(int64_t D, int64_t H, int64_t dn, int64_t cx, const int64_t *pt
 }
 
 /* g_xh: scratch [M, dn]; g_hs: [U, dn] output (U rows of hs); tmp: scratch [M, H];
- * work: scratch [threads, dn + cx] (threads as passed, at most MAX_THREADS). */
+ */
 void tgl_att_bwd(int64_t D, int64_t H, int64_t dn, int64_t cx, int64_t U, const int64_t *ptr,
                 const float *qx, const float *hs, const int64_t *idx, const float *X,
                 const float *mask, int act, float slope, const float *s, const float *alpha,
                 const float *g_aggx, const float *g_asum, float *g_qx, float *g_qb, float *g_X,
-                float *g_xh, float *g_hs, float *tmp, float *work, int threads) {
+                float *g_xh, float *g_hs, float *tmp, int threads) {
   job_t j;
   memset(&j, 0, sizeof j);
   j.D = D; j.H = H; j.dn = dn; j.cx = cx; j.Cx = dn + cx; j.U = U; j.ptr = ptr; j.qx = qx;
   j.hs = hs; j.idx = idx; j.X = X; j.mask = mask; j.act = act; j.slope = slope;
   j.s = (float *)s; j.alpha = (float *)alpha; j.g_aggx = g_aggx; j.g_asum = g_asum;
   j.g_qx = g_qx; j.g_qb = g_qb; j.g_X = g_X; j.g_xh = g_xh; j.g_hs = g_hs; j.tmp = tmp;
-  j.work = work;
   run(&j, threads, bwd_range);
   if (dn) run(&j, threads, scatter_range);
 }

@@ -33,7 +33,7 @@ from torch import Tensor
 from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
 
 SOURCE = Path(__file__).with_name("_attention.c")
-ABI = 2
+ABI = 3
 MAX_HEADS = 16  # HMAX in _attention.c
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
@@ -43,7 +43,7 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_att_fwd": (None, [_I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _F,
                                _P, _P, _P, _P, _INT]),
         "tgl_att_bwd": (None, [_I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, _F,
-                               _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT])})
+                               _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT])})
 
 
 def _make() -> ctypes.CDLL:
@@ -124,11 +124,11 @@ class SegmentAttention(torch.autograd.Function):
         g_X = None if X is None else torch.empty_like(X)
         g_xh = torch.empty(M, dn) if dn else None
         g_hs = torch.empty_like(hs) if dn else None
-        tmp, work = torch.empty_like(alpha), torch.empty(ctx.threads, Cx)
+        tmp = torch.empty_like(alpha)
         U = 0 if hs is None else hs.size(0)
         ctx.lib.tgl_att_bwd(D, H, dn, cx, U, ptr.data_ptr(), qx.data_ptr(), _ptr(hs), _ptr(idx),
                             _ptr(X), _ptr(mask), ctx.act, float(ctx.slope or 0.0), s.data_ptr(),
                             alpha.data_ptr(), g_aggx.data_ptr(), _ptr(g_asum), g_qx.data_ptr(),
                             _ptr(g_qb), _ptr(g_X), _ptr(g_xh), _ptr(g_hs), tmp.data_ptr(),
-                            work.data_ptr(), ctx.threads)
+                            ctx.threads)
         return g_qx, g_qb, g_hs, None, g_X, None, None, None, None, None
