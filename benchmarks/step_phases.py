@@ -1,0 +1,149 @@
+"""Where a TGN training step's time goes: milliseconds per phase, one process.
+
+    python benchmarks/step_phases.py [--data wikipedia] [--steps 400] [--threads 2]
+    python benchmarks/step_phases.py --compare-kernel-threads
+
+The model and data are those of ``benchmarks/train_throughput.py`` (PyG's
+``examples/tgn.py`` sizes: memory / time / embedding 100, batch 200, 10 recent
+neighbours, one attention layer). After ``--warmup`` steps it times ``--steps`` training
+steps of the first epoch, split into the phases of :func:`tgl_dist.models.run_epoch`:
+
+- ``load``: the loader's next batch (negatives, sampling, memory and mail fetch),
+- ``forward``: model and loss, ``backward``: ``loss.backward()``,
+- ``optimizer``: gradient all-reduce (a no-op here) and Adam,
+- ``write_back``: :meth:`SharedMailBox.update`.
+
+``--compare-kernel-threads`` alternates blocks of 10 steps between the compiled kernels
+(attention, time encoding, dropout) on ONE thread and on torch's threads, in the same
+process, so the machine's drift (10-20 % between runs on a shared VM) hits both alike;
+it reports the mean step of each.
+
+``--profile`` adds the torch profiler's table of operators (self CPU time).
+The last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from benchmarks.train_throughput import CONFIG  # noqa: E402
+from tgl_dist import DistributedContext  # noqa: E402
+from tgl_dist.data import load_dataset  # noqa: E402
+from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
+from tgl_dist.loader import DistributedDataLoader  # noqa: E402
+from tgl_dist.memory import SharedMailBox  # noqa: E402
+from tgl_dist.models import build_model, build_optimizer, parse_config  # noqa: E402
+from tgl_dist.models.parallel import all_reduce_gradients  # noqa: E402
+from tgl_dist.models.training import link_loss  # noqa: E402
+from tgl_dist.nn._attention_kernel import get_attention_kernel  # noqa: E402
+from tgl_dist.nn._pointwise import KERNEL as POINTWISE  # noqa: E402
+from tgl_dist.partition import partition_graph, partition_load  # noqa: E402
+from tgl_dist.sampling import NegativeSampling, NeighborSampler  # noqa: E402
+
+PHASES = ("load", "forward", "backward", "optimizer", "write_back")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="wikipedia")
+    ap.add_argument("--root", default=os.environ.get("TGL_DIST_DATASETS",
+                                                     str(REPO.parent / "shared" / "datasets")))
+    ap.add_argument("--parts", default=str(Path(tempfile.gettempdir()) / "tgl_dist_bench_parts"))
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compare-kernel-threads", action="store_true")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    DistributedContext.init()
+    cfg = parse_config(yaml.safe_load(CONFIG), "TGN")
+    g = load_dataset(args.data, root=args.root)
+    if not (Path(args.parts) / g.name / "metis_for_tgnn_1").is_dir():
+        partition_graph(g, 1, "metis_for_tgnn", args.parts)
+    pdata = partition_load(Path(args.parts) / g.name, "metis_for_tgnn")
+    graph = DistributedGraphStore(pdata)
+    smp = cfg.sampling
+    sampler = NeighborSampler(graph.num_nodes, smp.layer, list(smp.neighbor),
+                              TemporalNeighborSampleGraph(pdata, mode="full"),
+                              policy=smp.strategy, seed=0, graph_name=g.name)
+    mailbox = SharedMailBox(int(pdata.ids.numel()), cfg.memory, graph.edge_feat_dim,
+                            partition_book=pdata.book)
+    loader = DistributedDataLoader(graph, "train", sampler=sampler,
+                                   neg_sampler=NegativeSampling("triplet", "random", 1, seed=0),
+                                   batch_size=cfg.train.batch_size, train=True, mailbox=mailbox,
+                                   seed=0, queue_size=0)
+    steps = len(loader)
+    if args.warmup + args.steps > steps:
+        raise SystemExit(f"--warmup + --steps must be at most the epoch's {steps} steps")
+    model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim,
+                        num_nodes=graph.num_nodes, partition_book=pdata.book)
+    opt = build_optimizer(model, lr=cfg.train.lr)
+    kernels = [k for k in (get_attention_kernel(), POINTWISE.get()) if k is not None]
+    own = {id(k): k.threads for k in kernels}
+    mailbox.reset()
+    loader.set_epoch(0, 0)
+    it = iter(loader)
+    sums = {m: dict.fromkeys(PHASES, 0.0) for m in ("torch_threads", "one_thread")}
+    counts = dict.fromkeys(sums, 0)
+    prof = None
+    for i in range(args.warmup + args.steps):
+        mode = "one_thread" if args.compare_kernel_threads and (i // 10) % 2 else "torch_threads"
+        for k in kernels:
+            k.threads = (lambda: 1) if mode == "one_thread" else own[id(k)]
+        if i == args.warmup and args.profile:
+            prof = torch.profiler.profile()
+            prof.__enter__()
+        t = [time.perf_counter()]
+        roots, mfgs, meta, _ = next(it)
+        t.append(time.perf_counter())
+        out = model(mfgs, meta)
+        loss = link_loss(*out)
+        t.append(time.perf_counter())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t.append(time.perf_counter())
+        all_reduce_gradients(model)
+        opt.step()
+        t.append(time.perf_counter())
+        mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
+                       roots.extra.get("f"), out.embedding, out.mail_uses_embedding, mfgs[-1])
+        t.append(time.perf_counter())
+        if i >= args.warmup:
+            counts[mode] += 1
+            for p, a, b in zip(PHASES, t, t[1:]):
+                sums[mode][p] += b - a
+    for k in kernels:
+        k.threads = own[id(k)]
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+    res = {"data": args.data, "threads": args.threads, "batch_size": cfg.train.batch_size,
+           "kernel_threads": kernels[0].threads() if kernels else 0}
+    for mode, n in counts.items():
+        if not n:
+            continue
+        ms = {p: 1e3 * v / n for p, v in sums[mode].items()}
+        total = sum(ms.values())
+        print(f"{mode:13s} ({n} steps): " + "  ".join(f"{p} {v:.2f}" for p, v in ms.items())
+              + f"  | step {total:.2f} ms ({cfg.train.batch_size * 1e3 / total:.0f} events/s)")
+        key = "" if mode == "torch_threads" else "one_thread_"
+        res.update({f"{key}{p}_ms": round(v, 3) for p, v in ms.items()})
+        res[f"{key}step_ms"] = round(total, 3)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
