@@ -81,3 +81,26 @@ def test_mail_time_delta_needs_a_cell_updater():
     raw = {**CFG, "memory": {**CFG["memory"], "memory_update": "transformer", "mailbox_size": 2}}
     with pytest.raises(ConfigError, match="memory.time_delta"):
         parse_config(raw)
+
+
+@pytest.mark.parametrize("case", ["ids", "wide", "few", "one_key", "extremes", "short"])
+def test_unique_first_kernel_equals_torch_sort(case):
+    """The sampling kernel's radix-sort ``unique_first`` (CPU int64) returns exactly what the
+    stable torch sort returns: first positions in key order and the inverse map."""
+    from tgl_dist.nn.unique import _unique_first_torch, unique_first
+    from tgl_dist.sampling._ckernel import SAMPLER
+    if SAMPLER.get() is None:
+        pytest.skip("no C compiler: unique_first uses the torch sort only")
+    g = torch.Generator().manual_seed(0)
+    keys = {"ids": torch.cat([torch.randint(0, 9227, (600,), generator=g),
+                              torch.randint(8227, 9227, (6000,), generator=g)]),
+            "wide": torch.randint(-2 ** 62, 2 ** 62, (5000,), generator=g),  # 6 radix passes
+            "few": torch.randint(0, 3, (1000,), generator=g),
+            "one_key": torch.full((500,), 7),                                  # no pass at all
+            "extremes": torch.tensor([2 ** 63 - 1, -2 ** 63, 0, -1] * 50),
+            "short": torch.randint(0, 10, (10,), generator=g)}[case]           # torch path
+    first, inv = unique_first(keys)
+    ref_first, ref_inv = _unique_first_torch(keys)
+    assert torch.equal(first, ref_first) and torch.equal(inv, ref_inv)
+    assert torch.equal(keys[first][inv], keys)
+    assert bool((keys[first][1:] > keys[first][:-1]).all())

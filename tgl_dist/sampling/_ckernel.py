@@ -43,7 +43,7 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("_sampler.c")
-ABI = 4
+ABI = 5
 FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC", "-pthread")
 OPENMP_FLAGS = (*FLAGS, "-fopenmp")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -135,7 +135,8 @@ def load(path: Path) -> ctypes.CDLL:
     return open_library(path, "kernel", "tgl_abi", ABI, {
         "tgl_count": (_I64, [_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]),
         "tgl_fill": (_INT, [_P, _P, _P, _I64, _I64, _INT, _I64, _P, _P, _P,
-                            _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _INT])})
+                            _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _INT]),
+        "tgl_unique_first": (_I64, [_I64, _P, _P, _P, _P, _P])})
 
 
 class Records:
@@ -198,6 +199,16 @@ class Kernel:
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.lib = lib
         self.path = path
+
+    def unique_first(self, keys: Tensor) -> Tuple[Tensor, Tensor]:
+        """:func:`tgl_dist.nn.unique.unique_first` of CPU int64 ``keys`` (radix sort)."""
+        keys = keys.contiguous()
+        n = keys.numel()
+        buf = torch.empty(4 * n, dtype=torch.long)
+        first, inv = buf[:n], buf[n:2 * n]
+        U = self.lib.tgl_unique_first(n, keys.data_ptr(), buf[2 * n:3 * n].data_ptr(),
+                                      buf[3 * n:].data_ptr(), first.data_ptr(), inv.data_ptr())
+        return first[:U], inv
 
     def _count(self, r: Records, nodes: Tensor, ts: Tensor, hint: Optional[Tensor], k: int, uniform: bool,
                threads: int):

@@ -324,5 +324,43 @@ int tgl_fill(const int64_t *rec, const int64_t *nodes, const double *q, int64_t 
   return j.err ? -1 : 0;
 }
 
+/* First occurrences of distinct int64 keys: a stable LSD radix sort of key - min (11-bit
+ * digits, as many passes as the keys' range needs: 2 for ids below 4M), then one walk.
+ * keys [n] -> first [U] (the position of each distinct key's first occurrence, in
+ * increasing key order), inv [n] (keys[i] == keys[first[inv[i]]]); returns U. order and
+ * tmp: scratch [n] each. O(n) per pass where a comparison sort is O(n log n). */
+#define RADIX_BITS 11
+int64_t tgl_unique_first(int64_t n, const int64_t *keys, int64_t *order, int64_t *tmp,
+                         int64_t *first, int64_t *inv) {
+  if (n <= 0) return 0;
+  int64_t lo = keys[0], hi = keys[0];
+  for (int64_t i = 1; i < n; ++i) {
+    if (keys[i] < lo) lo = keys[i];
+    if (keys[i] > hi) hi = keys[i];
+  }
+  const uint64_t range = (uint64_t)hi - (uint64_t)lo;
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  int64_t cnt[1 << RADIX_BITS];
+  for (int shift = 0; shift < 64 && (range >> shift) != 0; shift += RADIX_BITS) {
+    memset(cnt, 0, sizeof cnt);
+    for (int64_t i = 0; i < n; ++i)
+      ++cnt[(((uint64_t)keys[order[i]] - (uint64_t)lo) >> shift) & ((1 << RADIX_BITS) - 1)];
+    int64_t sum = 0;
+    for (int b = 0; b < (1 << RADIX_BITS); ++b) { const int64_t c = cnt[b]; cnt[b] = sum; sum += c; }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t o = order[i];
+      tmp[cnt[(((uint64_t)keys[o] - (uint64_t)lo) >> shift) & ((1 << RADIX_BITS) - 1)]++] = o;
+    }
+    int64_t *t = order; order = tmp; tmp = t;
+  }
+  int64_t U = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t i = order[r];
+    if (r == 0 || keys[i] != keys[order[r - 1]]) first[U++] = i;
+    inv[i] = U - 1;
+  }
+  return U;
+}
+
 /* Version tag checked by the loader (bump when the signatures above change). */
-int64_t tgl_abi(void) { return 4; }
+int64_t tgl_abi(void) { return 5; }
