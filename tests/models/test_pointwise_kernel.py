@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tgl_dist.nn import TimeEncode
-from tgl_dist.nn._pointwise import (KERNEL, CosineTimeEncoding, Dropout, cosine_time_encoding,
-                                    dropout_mask)
+from tgl_dist.nn._pointwise import (KERNEL, CosineTimeEncoding, Dropout, GRUGates,
+                                    cosine_time_encoding, dropout_mask)
 
 LIB = KERNEL.get()
 needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the pointwise kernel "
@@ -195,3 +195,49 @@ def test_no_kernel_env_selects_torch_silently():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip().splitlines() == ["KERNEL None None", "SHAPE (5, 4)"]
+
+
+def _gru_reference(gi, gh, h):
+    H = h.size(1)
+    r = torch.sigmoid(gi[:, :H] + gh[:, :H])
+    z = torch.sigmoid(gi[:, H:2 * H] + gh[:, H:2 * H])
+    n = torch.tanh(gi[:, 2 * H:] + r * gh[:, 2 * H:])
+    return n + z * (h - n)
+
+
+@needs_kernel
+@pytest.mark.parametrize("scale", [0.1, 3.0, 60.0])   # 60: saturated gates, exp clamped
+def test_gru_gates_match_float64_reference(scale):
+    """Values and gradients (of gi, gh and h) of the fused GRU gates against GRUCell's
+    formula in float64; identical for 1 and 2 workers."""
+    g = torch.Generator().manual_seed(0)
+    U, H = 700, 100
+    gi, gh = (torch.randn(U, 3 * H, generator=g) * scale for _ in range(2))
+    h, go = torch.randn(U, H, generator=g), torch.randn(U, H, generator=g)
+    leaves = [t.double().requires_grad_() for t in (gi, gh, h)]
+    ref = _gru_reference(*leaves)
+    ref.backward(go.double())
+    saved, outs = LIB.threads, []
+    try:
+        for n in (1, 2):
+            LIB.threads = lambda n=n: n
+            ins = [t.clone().requires_grad_() for t in (gi, gh, h)]
+            out = GRUGates.apply(*ins, LIB)
+            out.backward(go)
+            outs.append([out.detach()] + [t.grad for t in ins])
+    finally:
+        LIB.threads = saved
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    # within what torch's own float32 ops give (float32 rounding of the gate inputs
+    # dominates at large scales)
+    f32 = [t.clone().requires_grad_() for t in (gi, gh, h)]
+    ref32 = _gru_reference(*f32)
+    ref32.backward(go)
+    for mine, theirs, exact in zip(outs[0], [ref32.detach()] + [t.grad for t in f32],
+                                   [ref.detach()] + [t.grad for t in leaves]):
+        err = float((mine.double() - exact).abs().max())
+        err_torch = float((theirs.double() - exact).abs().max())
+        assert err <= 1.5 * err_torch + 1e-7 * max(1.0, float(exact.abs().max())), (err, err_torch)
+    # h without gradient (the stored memory): no gradient computed for it
+    x = GRUGates.apply(gi.clone().requires_grad_(), gh, h, LIB)
+    x.sum().backward()

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgl_dist.nn._pointwise import Dropout
+from tgl_dist.nn._pointwise import Dropout, gru_gates
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
 
@@ -137,11 +137,8 @@ class GRUMemoryUpdater(_CellUpdater):
             phi = self.time_enc(srcdata["mail_ts"][:, -1] - srcdata["mem_ts"])
             gi = F.linear(srcdata["mail"].reshape(mem.size(0), -1), self.weight_ih[:, :m],
                           self.bias_ih)
-            gi_rz, g_in = torch.addmm(gi, phi, self.weight_ih[:, m:].t()).split([2 * H, H], 1)
-            gh_rz, g_hn = F.linear(mem, self.weight_hh, self.bias_hh).split([2 * H, H], 1)
-            r, z = torch.sigmoid(gi_rz + gh_rz).chunk(2, 1)
-            n = torch.tanh(g_in + r * g_hn)
-            return n + z * (mem - n)
+            gi = torch.addmm(gi, phi, self.weight_ih[:, m:].t())
+            return gru_gates(gi, F.linear(mem, self.weight_hh, self.bias_hh), mem)
         gi, gh, inv, h = self._node_part(srcdata)
         # node-only part [r+z summed | i_n | h_n], gathered once per occurrence
         gi_rz, gi_n = gi.split([2 * H, H], 1)

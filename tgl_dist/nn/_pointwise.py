@@ -25,7 +25,7 @@ from torch import Tensor
 from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 2
+ABI = 3
 _P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
                            ctypes.c_int)
 
@@ -35,7 +35,9 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _INT]),
         "tgl_time_enc_bwd_scratch": (_I64, [_I64, _I64]),
         "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _INT]),
-        "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT])})
+        "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT]),
+        "tgl_gru_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _INT]),
+        "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT])})
 
 
 def _make() -> ctypes.CDLL:
@@ -89,6 +91,53 @@ def cosine_time_encoding(dt: Tensor, w: Tensor, b: Tensor) -> Tensor:
     if lib is None:
         return torch.cos(torch.addmm(b, dt.view(-1, 1), w.view(1, -1)))
     return CosineTimeEncoding.apply(dt, w, b, lib)
+
+
+class GRUGates(torch.autograd.Function):
+    """:class:`torch.nn.GRUCell`'s gate arithmetic on its two products, in one pass.
+
+    ``gi = W_ih x + b_ih`` and ``gh = W_hh h + b_hh`` (``[U, 3H]``, gates r | z | n),
+    ``h [U, H]`` -> ``h' = n + z (h - n)`` with ``r = sigmoid(gi_r + gh_r)``,
+    ``z = sigmoid(gi_z + gh_z)``, ``n = tanh(gi_n + r gh_n)`` (float32, CPU). Keeps
+    ``r, z, n`` for the backward, which writes the gradients of ``gi`` and ``gh`` (and of
+    ``h`` when it requires one) in one pass: no split, chunk or concatenation nodes.
+    """
+
+    @staticmethod
+    def forward(ctx, gi: Tensor, gh: Tensor, h: Tensor, lib) -> Tensor:
+        gi, gh, h = gi.contiguous(), gh.contiguous(), h.contiguous()
+        U, H = h.shape
+        out, saved = torch.empty(U, H), torch.empty(U, 3 * H)
+        lib.tgl_gru_fwd(U, H, gi.data_ptr(), gh.data_ptr(), h.data_ptr(), out.data_ptr(),
+                        saved.data_ptr(), lib.threads())
+        ctx.save_for_backward(gh, h, saved)
+        ctx.lib = lib
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        gh, h, saved = ctx.saved_tensors
+        g = g.contiguous()
+        U, H = h.shape
+        g_gi, g_gh = torch.empty(U, 3 * H), torch.empty(U, 3 * H)
+        g_h = torch.empty(U, H) if ctx.needs_input_grad[2] else None
+        ctx.lib.tgl_gru_bwd(U, H, g.data_ptr(), gh.data_ptr(), h.data_ptr(), saved.data_ptr(),
+                            g_gi.data_ptr(), g_gh.data_ptr(),
+                            None if g_h is None else g_h.data_ptr(), ctx.lib.threads())
+        return g_gi, g_gh, g_h, None
+
+
+def gru_gates(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:
+    """``h'`` of :class:`GRUGates` (the compiled kernel on CPU float32, else torch's ops)."""
+    lib = KERNEL.get() if _cpu_f32(gi, gh, h) else None
+    if lib is None:
+        H = h.size(1)
+        gi_rz, gi_n = gi.split([2 * H, H], 1)
+        gh_rz, gh_n = gh.split([2 * H, H], 1)
+        r, z = torch.sigmoid(gi_rz + gh_rz).chunk(2, 1)
+        n = torch.tanh(gi_n + r * gh_n)
+        return n + z * (h - n)
+    return GRUGates.apply(gi, gh, h, lib)
 
 
 def dropout_mask(shape, p: float, like: Tensor) -> Optional[Tensor]:

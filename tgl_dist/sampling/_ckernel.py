@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("_sampler.c")
 ABI = 5
 FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC", "-pthread")
-OPENMP_FLAGS = (*FLAGS, "-fopenmp")
+# the model kernels: no floating-point traps assumed (lets GCC if-convert and vectorise
+# branch-free selects; values are unchanged), with OpenMP when the compiler has it
+MODEL_FLAGS = (*FLAGS, "-fno-trapping-math")
+OPENMP_FLAGS = (*MODEL_FLAGS, "-fopenmp")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
@@ -311,7 +314,7 @@ def load_openmp(source: Path, load: Callable[[Path], ctypes.CDLL],
         path, openmp = build_cached(cc, source, OPENMP_FLAGS, libs), True
     except RuntimeError as e:
         log.debug("building %s without OpenMP: %s", source.name, e)
-        path, openmp = build_cached(cc, source, FLAGS, libs), False
+        path, openmp = build_cached(cc, source, MODEL_FLAGS, libs), False
     lib = load(path)
     lib.openmp, lib.threads = openmp, openmp_threads(lib, openmp)
     return lib
