@@ -382,20 +382,28 @@ class SharedMailBox:
             recv = (rows, m, mts, ml, mlts)
         self._write(*recv, reduce_Op)
 
-    def _write(self, rows, memory, memory_ts, mail, mail_ts, reduce_Op: str) -> None:
+    def _write(self, rows, memory, memory_ts, mail, mail_ts, reduce_Op: str,
+               distinct: bool = False) -> None:
+        """Write received updates; duplicates resolved by ``reduce_Op`` unless the caller
+        knows ``rows`` are ``distinct`` already."""
         with torch.no_grad():
             if memory is not None:
-                sel = latest_per_key(rows, memory_ts)
-                r = rows[sel]
-                self.memory[r] = memory[sel].to(self.memory.dtype)
+                if distinct:
+                    r = rows
+                else:
+                    sel = latest_per_key(rows, memory_ts)
+                    r, memory, memory_ts = rows[sel], memory[sel], memory_ts[sel]
+                self.memory[r] = memory.to(self.memory.dtype)
                 if self.time_delta == "mail":
                     # s^ folded in the mail held until now: the memory stands at its time
                     last = (self.next_mail_pos[r] - 1) % self.mailbox_size
                     self.memory_ts[r] = self.mail_ts[r, last]
                 else:
-                    self.memory_ts[r] = memory_ts[sel].to(torch.float64)
+                    self.memory_ts[r] = memory_ts.to(torch.float64)
             if mail is not None:
-                if reduce_Op == "mean":
+                if distinct:
+                    r = rows
+                elif reduce_Op == "mean":
                     r, mail, mail_ts = mean_per_key(rows, mail.float(), mail_ts.to(torch.float64))
                 else:
                     sel = latest_per_key(rows, mail_ts)
@@ -431,8 +439,12 @@ class SharedMailBox:
         idx_l, mail, mlts = self.get_update_mail(nodes, src_pos, dst_pos, t, edge_feats, memory,
                                                  embedding, False, use_dst_emb, block)
         if self.deliver_to == "self" and self.mail_combine == "last":
-            # same distinct ids in the same (sorted) order: one exchange
-            self.set_mailbox_all_to_all(idx_m, mem, mts, mail, mlts, "max")
+            # same distinct ids in the same (sorted) order: one exchange; in a world of one
+            # nothing is exchanged and the ids are already distinct: write them as they are
+            if self.world_size == 1:
+                self._write(self._local(idx_m), mem, mts, mail, mlts, "max", distinct=True)
+            else:
+                self.set_mailbox_all_to_all(idx_m, mem, mts, mail, mlts, "max")
         else:
             self.set_mailbox_all_to_all(idx_m, mem, mts, None, None, "max")
             self.set_mailbox_all_to_all(idx_l, None, None, mail, mlts,
