@@ -21,8 +21,9 @@ standard normal), the shape of the issue's reference stream (Wikipedia has 172 L
 features; our copy has none): the stream is written once as a DyGLib ``ml_*.csv`` +
 ``.npy`` pair in a temporary folder and both sides read that file.
 
-``--repeats N`` runs each side N times (seeds ``seed .. seed + N - 1``) and reports the
-median run.
+``--repeats N`` runs each side N times (seeds ``seed .. seed + N - 1``), alternating the
+sides (PyG, ours, PyG, ours, ...) so the machine's drift hits both alike, and reports the
+median run of each side, their ratio, and the median of the N paired ratios.
 
 Events/s: training events of one epoch over its wall time (median over epochs); also
 per CPU second of the process(es), which is robust on a shared machine. AP:
@@ -248,7 +249,10 @@ def main() -> None:
         return
     if args.edge_dim:
         args.data = with_edge_features(args.data, args.root, args.edge_dim)
-    pygs = []
+    # the two sides alternate (PyG, ours, PyG, ours, ...) so that the machine's drift, 10-20 %
+    # over minutes on a shared VM, hits both alike; the median of the paired ratios is
+    # reported beside the ratio of the medians
+    pygs, ourss = [], []
     for r in range(args.repeats):
         p = subprocess.run([sys.executable, __file__, "--impl", "pyg", "--data", args.data,
                             "--root", args.root, "--epochs", str(args.epochs), "--threads",
@@ -257,11 +261,15 @@ def main() -> None:
         if p.returncode != 0:
             raise SystemExit(f"PyG run failed:\n{p.stderr[-3000:]}")
         pygs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        ourss.append(run_ours(args, 1, args.threads, args.seed + r))
+        print(f"pair {r}   : pyg {pygs[-1]['events_per_s']:8.0f}  ours {ourss[-1]['events_per_s']:8.0f} "
+              f"events/s", flush=True)
+    paired = sorted(o["events_per_s"] / q["events_per_s"] for o, q in zip(ourss, pygs))
     pyg = _median_run(pygs)
     print(f"pyg      : {pyg['events_per_s']:8.0f} events/s ({pyg['events_per_cpu_s']:.0f} per CPU s)  test AP {pyg['test_ap']:.4f} "
           f"(per-batch mean {pyg['test_ap_batch_mean']:.4f})  peak RSS {pyg['peak_rss_mib']:.0f} MiB",
           flush=True)
-    ours = _median_run([run_ours(args, 1, args.threads, args.seed + r) for r in range(args.repeats)])
+    ours = _median_run(ourss)
     print(f"ours 1p  : {ours['events_per_s']:8.0f} events/s ({ours['events_per_cpu_s']:.0f} per CPU s)  test AP {ours['test_ap']:.4f}  "
           f"peak RSS per rank {ours['peak_rss_mib_per_rank']} MiB", flush=True)
     ours2 = None
@@ -275,6 +283,7 @@ def main() -> None:
            "ours_events_per_s": round(ours["events_per_s"], 1),
            "pyg_events_per_s": round(pyg["events_per_s"], 1),
            "ratio": round(ours["events_per_s"] / pyg["events_per_s"], 3),
+           "ratio_paired_median": round(paired[len(paired) // 2], 3),
            "ours_events_per_cpu_s": round(ours["events_per_cpu_s"], 1),
            "pyg_events_per_cpu_s": round(pyg["events_per_cpu_s"], 1),
            "cpu_ratio": round(ours["events_per_cpu_s"] / pyg["events_per_cpu_s"], 3),

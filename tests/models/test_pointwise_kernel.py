@@ -241,3 +241,29 @@ def test_gru_gates_match_float64_reference(scale):
     # h without gradient (the stored memory): no gradient computed for it
     x = GRUGates.apply(gi.clone().requires_grad_(), gh, h, LIB)
     x.sum().backward()
+
+
+@needs_kernel
+def test_time_encoding_with_prefix_is_the_concatenation():
+    """``[prefix || cos(...)]`` written in one output equals ``torch.cat`` of the parts, with
+    the same gradients (w, b, dt and the prefix's own)."""
+    dt, w, b = _inputs(300, 16, 1e5)
+    pre = torch.randn(300, 7)
+    g = torch.randn(300, 23)
+    grads = []
+    for fused in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (dt, w, b, pre)]
+        if fused:
+            out = CosineTimeEncoding.apply(*leaves[:3], LIB, leaves[3])
+        else:
+            out = torch.cat([leaves[3], CosineTimeEncoding.apply(*leaves[:3], LIB)], 1)
+        (out * g).sum().backward()
+        grads.append([out.detach()] + [t.grad for t in leaves])
+    assert all(torch.equal(x, y) for x, y in zip(*grads))
+    # a gradient with a row pitch (the output read through a view) is accepted as it is
+    leaves = [t.clone().requires_grad_() for t in (dt, w, b)]
+    out = CosineTimeEncoding.apply(*leaves, LIB, pre)
+    out[:, 2:].sum().backward()
+    ref = [t.clone().requires_grad_() for t in (dt, w, b)]
+    CosineTimeEncoding.apply(*ref, LIB).sum().backward()
+    assert all(torch.equal(x.grad, y.grad) for x, y in zip(leaves, ref))

@@ -133,7 +133,7 @@ class DistributedGraphStore:
         """Features of owned events ``[n, F_e]`` (no communication), or None."""
         if self.edge_attr is None:
             return None
-        return self.edge_attr[self.local_edge_rows(eids)]
+        return self.edge_attr.index_select(0, self.local_edge_rows(eids))
 
     # ----------------------------------------------------------- collectives
     @staticmethod
@@ -141,12 +141,14 @@ class DistributedGraphStore:
         if table is None:
             return None
         ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+        # index_select: several times cheaper than advanced indexing on CPU (one batch's
+        # ~4,500 sampled events x 172 features: ~0.1 vs ~0.7 ms)
         if world(group)[1] == 1:
-            return table[book.to_local(ids)]
+            return table.index_select(0, book.to_local(ids))
         uniq, inv = unique_inverse(ids)  # ask for each row once
         owner, row = book.locate(uniq)
-        rows = fetch_rows(owner, row, lambda r: table[r], group)
-        return rows[inv]
+        rows = fetch_rows(owner, row, lambda r: table.index_select(0, r), group)
+        return rows.index_select(0, inv)
 
     def get_node_feat(self, global_ids: Tensor, group=None) -> OptTensor:
         """Node features of any nodes, ``[n, F_n]`` in the caller's order (None without features).

@@ -1,4 +1,5 @@
-/* Pointwise kernels of tgl_dist.nn: the cosine time encoding and dropout masks. Plain C99.
+/* Pointwise kernels of tgl_dist.nn: the cosine time encoding, dropout masks and the GRU
+ * cell's gates. Plain C99 (+ OpenMP).
  *
  * Time encoding (TGAT / TGN / TGL), dt [M], w [d], b [d]:
  *     z[i, j] = dt[i] * w[j] + b[j]   (product and sum rounded separately, as torch's
@@ -24,7 +25,7 @@
  */
 #include <stdint.h>
 
-#define TGL_PW_ABI 3
+#define TGL_PW_ABI 4
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx2,fma", "default")))
@@ -80,10 +81,10 @@ static int workers(int threads, int64_t n, int64_t blocks) {
 
 TGL_CLONES
 static void enc_fwd_rows(int64_t i0, int64_t i1, int64_t d, const float *dt, const float *w,
-                         const float *b, float *out) {
+                         const float *b, float *out, int64_t ld) {
   for (int64_t i = i0; i < i1; ++i) {
     const float t = dt[i];
-    float *o = out + i * d;
+    float *o = out + i * ld;
     for (int64_t j = 0; j < d; ++j) {
       const double s = sin_poly(0.5 * reduced(affine(t, w[j], b[j])));   /* cos z = 1 - 2 sin^2(r/2) */
       o[j] = (float)(1.0 - 2.0 * s * s);
@@ -91,25 +92,28 @@ static void enc_fwd_rows(int64_t i0, int64_t i1, int64_t d, const float *dt, con
   }
 }
 
+/* out: row i at out + i * ld (ld >= d: the encoding may fill the last d columns of a wider
+ * row, e.g. beside the edge features) */
 void tgl_time_enc_fwd(int64_t M, int64_t d, const float *dt, const float *w, const float *b,
-                      float *out, int threads) {
+                      float *out, int64_t ld, int threads) {
   const int64_t nb = nblocks(M);
   int64_t k;
 #pragma omp parallel for num_threads(workers(threads, M * d, nb)) schedule(static)
   for (k = 0; k < nb; ++k)
-    enc_fwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, out);
+    enc_fwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, out, ld);
 }
 
 /* block k's sums into acc [2 d] (w then b), gdt of its rows; gz: [d] double scratch */
 TGL_CLONES
 static void enc_bwd_rows(int64_t i0, int64_t i1, int64_t d, const float *dt, const float *w,
-                         const float *b, const float *g, float *gdt, double *acc, double *gz) {
+                         const float *b, const float *g, int64_t ld, float *gdt, double *acc,
+                         double *gz) {
   double *aw = acc, *ab = acc + d;
   for (int64_t j = 0; j < 2 * d; ++j) acc[j] = 0.0;
   for (int64_t i = i0; i < i1; ++i) {
     const float t = dt[i];
     const double td = (double)t;
-    const float *gi = g + i * d;
+    const float *gi = g + i * ld;
     for (int64_t j = 0; j < d; ++j) {
       /* sin z = sin r = sign(r) sin(min(|r|, pi - |r|)), the argument in [0, pi/2] */
       const double r = reduced(affine(t, w[j], b[j]));
@@ -131,14 +135,15 @@ static void enc_bwd_rows(int64_t i0, int64_t i1, int64_t d, const float *dt, con
  * tgl_time_enc_bwd_scratch(M, d) elements. */
 int64_t tgl_time_enc_bwd_scratch(int64_t M, int64_t d) { return nblocks(M) * 3 * d; }
 
+/* g: row i at g + i * ld */
 void tgl_time_enc_bwd(int64_t M, int64_t d, const float *dt, const float *w, const float *b,
-                      const float *g, float *gw, float *gb, float *gdt, double *acc,
+                      const float *g, int64_t ld, float *gw, float *gb, float *gdt, double *acc,
                       int threads) {
   const int64_t nb = nblocks(M);
   int64_t k;
 #pragma omp parallel for num_threads(workers(threads, M * d, nb)) schedule(static)
   for (k = 0; k < nb; ++k)
-    enc_bwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, g, gdt,
+    enc_bwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, g, ld, gdt,
                  acc + k * 3 * d, acc + k * 3 * d + 2 * d);
   for (int64_t j = 0; j < d; ++j) {   /* the blocks' sums, in block order */
     double sw = 0.0, sb = 0.0;

@@ -1,9 +1,9 @@
-"""Compiled pointwise kernels (``_pointwise.c``): the cosine time encoding and dropout.
+"""Compiled pointwise kernels (``_pointwise.c``): the cosine time encoding, dropout, GRU gates.
 
 Built and cached like the other kernels (:mod:`tgl_dist.sampling._ckernel`: plain C, the
 system compiler, about a second on first use), with OpenMP: large inputs are split in
 fixed blocks of rows over torch's own worker threads (results do not depend on their
-number). Both functions here fall back to torch
+number). Every function here falls back to torch
 (same values up to float rounding; ``tests/models/test_pointwise_kernel.py`` compares
 them) when the kernel cannot be built (ONE warning per process), for tensors that are
 not float32 on the CPU, and with ``TGL_DIST_NO_KERNEL=1``.
@@ -11,7 +11,10 @@ not float32 on the CPU, and with ``TGL_DIST_NO_KERNEL=1``.
 Why: in a TGN training step on CPU, ``cos`` of the ``[edges, d_t]`` time encodings, the
 ``sin`` of its backward and torch's ``bernoulli_`` for dropout masks took ~12 % of the
 step (torch's CPU ``cos`` takes a slow path for the large arguments that raw time gaps
-give, and its RNG draws ~5-8 ns an element).
+give, and its RNG draws ~5-8 ns an element). The GRU gates (:class:`GRUGates`) replace
+~15 small operators of the cell's arithmetic and their autograd nodes (split, chunk,
+concatenation of gradients) by one pass forward and one backward: 0.5-0.8 ms of a ~19 ms
+step (``benchmarks/step_phases.py``-style comparison in one process).
 """
 from __future__ import annotations
 
@@ -25,16 +28,16 @@ from torch import Tensor
 from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 3
+ABI = 4
 _P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
                            ctypes.c_int)
 
 
 def _load(path: Path) -> ctypes.CDLL:
     return open_library(path, "pointwise kernel", "tgl_pw_abi", ABI, {
-        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _INT]),
+        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _INT]),
         "tgl_time_enc_bwd_scratch": (_I64, [_I64, _I64]),
-        "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, _INT]),
+        "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _INT]),
         "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT]),
         "tgl_gru_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _INT]),
         "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT])})
@@ -53,44 +56,57 @@ def _cpu_f32(*ts: Tensor) -> bool:
 
 
 class CosineTimeEncoding(torch.autograd.Function):
-    """``cos(dt[:, None] * w + b)``: ``dt [M]``, ``w [d]``, ``b [d]`` (float32, CPU) -> ``[M, d]``.
+    """``cos(dt[:, None] * w + b)``: ``dt [M]``, ``w [d]``, ``b [d]`` (float32, CPU) -> ``[M, d]``,
+    or ``[M, F + d]`` = ``[prefix || cos(...)]`` with a ``prefix [M, F]`` (e.g. the edge
+    features beside the encoding: one output, no concatenation copy forward or backward).
 
-    Gradients flow to ``w``, ``b`` and (when it requires one) ``dt``; ``z`` is recomputed
-    in the backward instead of stored.
+    Gradients flow to ``w``, ``b`` and (when they require one) ``dt`` and ``prefix``; ``z``
+    is recomputed in the backward instead of stored.
     """
 
     @staticmethod
-    def forward(ctx, dt: Tensor, w: Tensor, b: Tensor, lib) -> Tensor:
+    def forward(ctx, dt: Tensor, w: Tensor, b: Tensor, lib, prefix: Optional[Tensor] = None) -> Tensor:
         dt, w, b = dt.contiguous(), w.contiguous(), b.contiguous()
-        out = torch.empty(dt.numel(), w.numel())
-        lib.tgl_time_enc_fwd(dt.numel(), w.numel(), dt.data_ptr(), w.data_ptr(), b.data_ptr(),
-                             out.data_ptr(), lib.threads())
+        M, d = dt.numel(), w.numel()
+        F = 0 if prefix is None else prefix.size(1)
+        out = torch.empty(M, F + d)
+        if F:
+            out[:, :F] = prefix
+        lib.tgl_time_enc_fwd(M, d, dt.data_ptr(), w.data_ptr(), b.data_ptr(),
+                             out[:, F:].data_ptr(), F + d, lib.threads())
         ctx.save_for_backward(dt, w, b)
-        ctx.lib = lib
+        ctx.lib, ctx.F = lib, F
         return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
         dt, w, b = ctx.saved_tensors
-        g = g.contiguous()
-        M, d = dt.numel(), w.numel()
+        M, d, F = dt.numel(), w.numel(), ctx.F
+        if g.stride(1) != 1 or (M > 1 and g.stride(0) < F + d):
+            g = g.contiguous()
         gw, gb = torch.empty(d), torch.empty(d)
         gdt = torch.empty(M) if ctx.needs_input_grad[0] else None
         acc = torch.empty(ctx.lib.tgl_time_enc_bwd_scratch(M, d), dtype=torch.float64)
-        ctx.lib.tgl_time_enc_bwd(M, d, dt.data_ptr(), w.data_ptr(), b.data_ptr(), g.data_ptr(),
+        ctx.lib.tgl_time_enc_bwd(M, d, dt.data_ptr(), w.data_ptr(), b.data_ptr(),
+                                 g[:, F:].data_ptr(), g.stride(0) if M else F + d,
                                  gw.data_ptr(), gb.data_ptr(),
                                  None if gdt is None else gdt.data_ptr(), acc.data_ptr(),
                                  ctx.lib.threads())
-        return gdt, gw, gb, None
+        g_prefix = g[:, :F] if F and ctx.needs_input_grad[4] else None
+        return gdt, gw, gb, None, g_prefix
 
 
-def cosine_time_encoding(dt: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    """``cos(dt[:, None] * w + b)`` for ``dt [M]`` float32, ``w, b [d]`` -> ``[M, d]``
-    (the compiled kernel on CPU float32, else torch)."""
-    lib = KERNEL.get() if _cpu_f32(dt, w, b) else None
+def cosine_time_encoding(dt: Tensor, w: Tensor, b: Tensor,
+                         prefix: Optional[Tensor] = None) -> Tensor:
+    """``cos(dt[:, None] * w + b)`` for ``dt [M]`` float32, ``w, b [d]`` -> ``[M, d]``, or
+    ``[prefix || cos(...)]`` ``[M, F + d]`` with ``prefix [M, F]`` (the compiled kernel on
+    CPU float32, else torch)."""
+    tensors = (dt, w, b) if prefix is None else (dt, w, b, prefix)
+    lib = KERNEL.get() if _cpu_f32(*tensors) else None
     if lib is None:
-        return torch.cos(torch.addmm(b, dt.view(-1, 1), w.view(1, -1)))
-    return CosineTimeEncoding.apply(dt, w, b, lib)
+        phi = torch.cos(torch.addmm(b, dt.view(-1, 1), w.view(1, -1)))
+        return phi if prefix is None else torch.cat([prefix, phi], 1)
+    return CosineTimeEncoding.apply(dt, w, b, lib, prefix)
 
 
 class GRUGates(torch.autograd.Function):

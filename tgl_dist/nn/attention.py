@@ -268,8 +268,8 @@ class TemporalAttention(nn.Module):
         if self.dim_node:
             src = block.edge_index[0]
             hs, idx = h, (src if rows is None else rows.index_select(0, src))
-        phi = self.time_enc(block.edata["dt"])
-        x = torch.cat([block.edata["f"].float(), phi], 1) if self.dim_edge else phi
+        dt = block.edata["dt"]
+        x = self.time_enc(dt, block.edata["f"].float()) if self.dim_edge else self.time_enc(dt)
         return hs, idx, x
 
     def _segment(self, block: Block, h: Tensor, rows: Optional[Tensor]):

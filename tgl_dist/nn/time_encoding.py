@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -35,10 +37,13 @@ class TimeEncode(nn.Module):
                 1 / 10 ** np.linspace(0, 9, dim, dtype=np.float32)).reshape(dim, 1))
             self.w.bias.zero_()
 
-    def forward(self, dt: Tensor) -> Tensor:
+    def forward(self, dt: Tensor, prefix: Optional[Tensor] = None) -> Tensor:
+        """``phi(dt)`` ``[*, d_t]``; with ``prefix [n, F]`` (``dt [n]``) the row-wise
+        concatenation ``[prefix || phi(dt)]`` ``[n, F + d_t]``, written in place (no copy)."""
         shape = dt.shape
-        out = cosine_time_encoding(dt.reshape(-1).float(), self.w.weight.view(-1), self.w.bias)
-        return out.reshape(*shape, self.dim)
+        out = cosine_time_encoding(dt.reshape(-1).float(), self.w.weight.view(-1), self.w.bias,
+                                   prefix)
+        return out if prefix is not None else out.reshape(*shape, self.dim)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
