@@ -268,8 +268,7 @@ class TemporalAttention(nn.Module):
         if self.dim_node:
             src = block.edge_index[0]
             hs, idx = h, (src if rows is None else rows.index_select(0, src))
-        dt = block.edata["dt"]
-        x = self.time_enc(dt, block.edata["f"].float()) if self.dim_edge else self.time_enc(dt)
+        x = self.time_enc(block.edata["dt"], block.edata["f"].float() if self.dim_edge else None)
         return hs, idx, x
 
     def _segment(self, block: Block, h: Tensor, rows: Optional[Tensor]):
@@ -281,6 +280,16 @@ class TemporalAttention(nn.Module):
             return None
         ptr = csr_offsets(block)
         return None if ptr is None else (lib, ptr)
+
+    def _attend(self, block: Block, h: Tensor, rows: Optional[Tensor], qkv: tuple, seg,
+                layout, leaky: bool) -> Tensor:
+        """The aggregation ``[D, d]`` by the compiled kernel (``seg`` from :meth:`_segment`)
+        or else the padded torch form; ``qkv = (q, w_k, b_k, w_v, b_v)``."""
+        if seg is not None:
+            return segment_attend(*qkv, *self._segment_inputs(block, h, rows), seg[1],
+                                  self.num_head, leaky, self.att_dropout, seg[0])
+        return padded_attend(*qkv, self._padded_inputs(block, h, rows, layout), layout[1],
+                             self.num_head, leaky, self.att_dropout)
 
     def _padded_inputs(self, block: Block, h: Tensor, rows: Optional[Tensor],
                        layout: Tuple[Tensor, Tensor, int]) -> Tensor:
@@ -320,13 +329,8 @@ class TemporalAttention(nn.Module):
             q = torch.addmm(q_const, h_dst, w[:, :dn].t()) if dn else q_const.expand(D, -1)
         if seg is not None or (M and layout is not None):
             d, wkv, bkv = self.dim_out, self.w_kv.weight, self.w_kv.bias
-            qkv = (q.contiguous(), wkv[:d], bkv[:d], wkv[d:], bkv[d:])
-            if seg is not None:
-                agg = segment_attend(*qkv, *self._segment_inputs(block, h, rows), seg[1], H,
-                                     True, self.att_dropout, seg[0])
-            else:
-                agg = padded_attend(*qkv, self._padded_inputs(block, h, rows, layout),
-                                    layout[1], H, True, self.att_dropout)
+            agg = self._attend(block, h, rows, (q.contiguous(), wkv[:d], bkv[:d], wkv[d:],
+                                                bkv[d:]), seg, layout, True)
         elif M:
             # k, v = W_kv [h_j || e_ij || phi(dt)], as three products (no concatenated copy)
             w = self.w_kv.weight
@@ -417,13 +421,8 @@ class TGNAttention(TemporalAttention):
             agg = h.new_zeros((D, W))
         elif seg is not None or layout is not None:
             wkv = self.w_kv.weight
-            qkv = (q, wkv[:W], None, wkv[W:], None)
-            if seg is not None:
-                agg = segment_attend(*qkv, *self._segment_inputs(block, h, rows), seg[1], H,
-                                     False, self.att_dropout, seg[0])
-            else:
-                agg = padded_attend(*qkv, self._padded_inputs(block, h, rows, layout),
-                                    layout[1], H, False, self.att_dropout)
+            agg = self._attend(block, h, rows, (q, wkv[:W], None, wkv[W:], None), seg, layout,
+                               False)
         else:
             src, dst = block.edge_index[0], block.edge_index[1]
             dn, de = self.dim_node, self.dim_edge

@@ -17,8 +17,8 @@ def unique_first(keys: Tensor) -> Tuple[Tensor, Tensor]:
     ``first`` their first positions, and ``keys == keys[first][inverse]``.
 
     On the CPU (int64) the sampling kernel's radix sort computes it (a batch's ~6,600
-    input-node ids: ~40 us against ~300 us for ``torch.sort``); elsewhere, or without
-    the kernel, one stable torch sort (same result)."""
+    input-node ids: ~110 us against ~520 us for this torch form, measured on 2 cores);
+    elsewhere, or without the kernel, one stable torch sort (same result)."""
     if keys.device.type == "cpu" and keys.dtype == torch.long and keys.numel() >= 64:
         from tgl_dist.sampling._ckernel import SAMPLER
         k = SAMPLER.get()
