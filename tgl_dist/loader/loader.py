@@ -191,7 +191,7 @@ class DistributedDataLoader:
 
     def _plan(self, epoch: int) -> List[Window]:
         offset = 0
-        key = int(hash_keys(self.seed, torch.tensor(epoch))) & ((1 << 62) - 1)
+        key = int(hash_keys(self.seed, int(epoch))) & ((1 << 62) - 1)
         if self.train and self.chunk_size:
             offset = (key % (self.window // self.chunk_size)) * self.chunk_size
         wins = self.schedule.windows(self.schedule.boundaries(self.window, offset, self.drop_last))

@@ -122,8 +122,7 @@ class BoundNegatives:
 
     def _key(self, epoch: int) -> int:
         k = _SPLIT_KEY.get(self.split, 99)
-        return int(hash_keys(self.cfg.seed, torch.tensor(k),
-                             torch.tensor(epoch if self.train else -1)))
+        return int(hash_keys(self.cfg.seed, k, epoch if self.train else -1))
 
     # ---------------------------------------------------------------- random
     def random(self, eid: Tensor, epoch: int) -> Tensor:
@@ -172,7 +171,7 @@ class BoundNegatives:
             window_id: the window's global start position (keys the draw).
             pos_src, pos_dst: the window's positive pairs (excluded from the fill).
         """
-        g = torch.Generator().manual_seed(int(hash_keys(self._key(epoch), torch.tensor(window_id)))
+        g = torch.Generator().manual_seed(int(hash_keys(self._key(epoch), int(window_id)))
                                           & ((1 << 62) - 1))
         cand = self._candidates(t_s, t_e)
         if cand.numel() >= size:

@@ -141,7 +141,7 @@ class NeighborSampler:
         """The uniform policy's key for ``epoch`` (default: the current epoch)."""
         e = self.epoch if epoch is None else int(epoch)
         if e not in self._salts:
-            self._salts[e] = int(hash_keys(self.seed, torch.tensor(e)))
+            self._salts[e] = int(hash_keys(self.seed, int(e)))
         return self._salts[e]
 
     # ------------------------------------------------------------ local core
