@@ -2,6 +2,7 @@
 
     python benchmarks/step_phases.py [--data wikipedia] [--steps 400] [--threads 2]
     python benchmarks/step_phases.py --compare-kernel-threads
+    python benchmarks/step_phases.py --batch-size 10 --steps 1000   # the fixed cost of a step
 
 The model and data are those of ``benchmarks/train_throughput.py`` (PyG's
 ``examples/tgn.py`` sizes: memory / time / embedding 100, batch 200, 10 recent
@@ -65,6 +66,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compare-kernel-threads", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="events per step (default: the config's 200); a small batch shows "
+                         "the fixed cost of a step")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -79,11 +83,12 @@ def main() -> None:
     sampler = NeighborSampler(graph.num_nodes, smp.layer, list(smp.neighbor),
                               TemporalNeighborSampleGraph(pdata, mode="full"),
                               policy=smp.strategy, seed=0, graph_name=g.name)
+    bs = args.batch_size or cfg.train.batch_size
     mailbox = SharedMailBox(int(pdata.ids.numel()), cfg.memory, graph.edge_feat_dim,
                             partition_book=pdata.book)
     loader = DistributedDataLoader(graph, "train", sampler=sampler,
                                    neg_sampler=NegativeSampling("triplet", "random", 1, seed=0),
-                                   batch_size=cfg.train.batch_size, train=True, mailbox=mailbox,
+                                   batch_size=bs, train=True, mailbox=mailbox,
                                    seed=0, queue_size=0)
     steps = len(loader)
     if args.warmup + args.steps > steps:
@@ -130,7 +135,7 @@ def main() -> None:
     if prof is not None:
         prof.__exit__(None, None, None)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
-    res = {"data": args.data, "threads": args.threads, "batch_size": cfg.train.batch_size,
+    res = {"data": args.data, "threads": args.threads, "batch_size": bs,
            "kernel_threads": kernels[0].threads() if kernels else 0}
     for mode, n in counts.items():
         if not n:
@@ -138,7 +143,7 @@ def main() -> None:
         ms = {p: 1e3 * v / n for p, v in sums[mode].items()}
         total = sum(ms.values())
         print(f"{mode:13s} ({n} steps): " + "  ".join(f"{p} {v:.2f}" for p, v in ms.items())
-              + f"  | step {total:.2f} ms ({cfg.train.batch_size * 1e3 / total:.0f} events/s)")
+              + f"  | step {total:.2f} ms ({bs * 1e3 / total:.0f} events/s)")
         key = "" if mode == "torch_threads" else "one_thread_"
         res.update({f"{key}{p}_ms": round(v, 3) for p, v in ms.items()})
         res[f"{key}step_ms"] = round(total, 3)

@@ -323,14 +323,18 @@ class TemporalAttention(nn.Module):
         else:
             src, dst = block.edge_index[0], block.edge_index[1]
             dn, de = self.dim_node, self.dim_edge
-            w, b = self.w_q.weight, self.w_q.bias
-            # q = W_q [h_i || phi(0)]: the phi(0) part is a constant vector
-            q_const = F.linear(self.time_enc(h.new_zeros(1)), w[:, dn:], b)
-            q = torch.addmm(q_const, h_dst, w[:, :dn].t()) if dn else q_const.expand(D, -1)
+            # q = W_q [h_i || phi(0)]: the phi(0) part is a constant vector. Weights are cut
+            # with split, not slicing: its backward writes the parts' gradients into one
+            # tensor (one copy) where each slice's backward zero-fills a full-size one
+            w_h, w_t = self.w_q.weight.split([dn, self.dim_time], 1)
+            q_const = F.linear(self.time_enc(h.new_zeros(1)), w_t, self.w_q.bias)
+            q = torch.addmm(q_const, h_dst, w_h.t()) if dn else q_const.expand(D, -1)
         if seg is not None or (M and layout is not None):
-            d, wkv, bkv = self.dim_out, self.w_kv.weight, self.w_kv.bias
-            agg = self._attend(block, h, rows, (q.contiguous(), wkv[:d], bkv[:d], wkv[d:],
-                                                bkv[d:]), seg, layout, True)
+            d = self.dim_out
+            w_k, w_v = self.w_kv.weight.split([d, d], 0)
+            b_k, b_v = self.w_kv.bias.split([d, d], 0)
+            agg = self._attend(block, h, rows, (q.contiguous(), w_k, b_k, w_v, b_v), seg,
+                               layout, True)
         elif M:
             # k, v = W_kv [h_j || e_ij || phi(dt)], as three products (no concatenated copy)
             w = self.w_kv.weight
@@ -352,10 +356,11 @@ class TemporalAttention(nn.Module):
             att = self.att_dropout(edge_softmax(logits, dst, D))
             msg = (v * att.unsqueeze(-1)).reshape(M, self.dim_out)
             agg = h.new_zeros((D, self.dim_out)).index_add_(0, dst, msg)
-        w = self.w_out.weight
-        out = torch.addmm(self.w_out.bias, agg, w[:, :self.dim_out].t())
         if self.dim_node:
-            out = torch.addmm(out, h_dst, w[:, self.dim_out:].t())
+            w_a, w_h = self.w_out.weight.split([self.dim_out, self.dim_node], 1)
+            out = torch.addmm(torch.addmm(self.w_out.bias, agg, w_a.t()), h_dst, w_h.t())
+        else:
+            out = F.linear(agg, self.w_out.weight, self.w_out.bias)
         return self.layer_norm(F.relu(self.dropout(out)))
 
 
@@ -420,9 +425,8 @@ class TGNAttention(TemporalAttention):
         if M == 0:
             agg = h.new_zeros((D, W))
         elif seg is not None or layout is not None:
-            wkv = self.w_kv.weight
-            agg = self._attend(block, h, rows, (q, wkv[:W], None, wkv[W:], None), seg, layout,
-                               False)
+            w_k, w_v = self.w_kv.weight.split([W, W], 0)
+            agg = self._attend(block, h, rows, (q, w_k, None, w_v, None), seg, layout, False)
         else:
             src, dst = block.edge_index[0], block.edge_index[1]
             dn, de = self.dim_node, self.dim_edge
@@ -441,8 +445,9 @@ class TGNAttention(TemporalAttention):
             msg = (v * att.unsqueeze(-1)).reshape(M, W)
             agg = h.new_zeros((D, W)).index_add_(0, dst, msg)
         o = self.layer_norm(self.dropout(self.w_res(agg)) + x)
-        w1 = self.merge1.weight
-        z = torch.addmm(self.merge1.bias, o, w1[:, :W].t())
         if self.dim_node:
-            z = torch.addmm(z, h_dst, w1[:, W:].t())
+            w_o, w_h = self.merge1.weight.split([W, self.dim_node], 1)
+            z = torch.addmm(torch.addmm(self.merge1.bias, o, w_o.t()), h_dst, w_h.t())
+        else:
+            z = self.merge1(o)
         return self.merge2(F.relu(z))
