@@ -39,10 +39,11 @@ def test_time_encoding_matches_float64_reference(scale):
     ref, z = _reference(dt, w, b)
     out = CosineTimeEncoding.apply(dt, w, b, LIB)
     assert out.dtype == torch.float32 and out.shape == (700, 50)
-    # within one unit in the last place of the exact cosine of the same float32 z
-    assert (out.double() - ref).abs().max() <= 6e-8
-    # and as close to torch's own float32 cos as that one is to the exact value
-    assert (out - torch.cos(z)).abs().max() <= 1.2e-7
+    # within ~1.5 units in the last place of the exact cosine of the same float32 z
+    # (the polynomials run in float; one unit is 6e-8 for values in [0.5, 1))
+    assert (out.double() - ref).abs().max() <= 1e-7
+    # and within 2.5 units of torch's own float32 cos (itself within one unit)
+    assert (out - torch.cos(z)).abs().max() <= 1.5e-7
 
 
 @needs_kernel
@@ -61,6 +62,23 @@ def test_time_encoding_gradients_match_float64_reference(scale):
     for name, t in (("dt", dt32), ("w", w32), ("b", b32)):
         r = ref[name]
         assert torch.allclose(t.grad.double(), r, rtol=1e-5, atol=1e-6 * float(r.abs().max())), name
+
+
+@needs_kernel
+def test_time_encoding_keeps_the_sine_only_when_a_gradient_is_wanted():
+    dt, w, b = _inputs(300, 20, 1e4, seed=2)
+    wg = w.clone().requires_grad_()
+    out = CosineTimeEncoding.apply(dt, wg, b, LIB)
+    sinz = out.grad_fn.saved_tensors[2]
+    z = torch.addmm(b, dt.view(-1, 1), w.view(1, -1)).double()
+    assert (sinz.double() - torch.sin(z)).abs().max() <= 1e-7
+    with torch.no_grad():
+        assert torch.equal(CosineTimeEncoding.apply(dt, wg, b, LIB), out.detach())
+    pre = torch.randn(300, 3, requires_grad=True)  # only the prefix wants a gradient
+    out = CosineTimeEncoding.apply(dt, w, b, LIB, pre)
+    assert out.grad_fn.saved_tensors[2] is None
+    out.sum().backward()
+    assert torch.equal(pre.grad, torch.ones(300, 3))
 
 
 @needs_kernel

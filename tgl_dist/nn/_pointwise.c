@@ -6,18 +6,22 @@
  *                                      addmm(b, dt, w^T) computes it)
  *     out[i, j] = cos(z[i, j])
  * Backward with g [M, d]: gz = -g * sin(z); gw[j] = sum_i gz[i, j] dt[i];
- * gb[j] = sum_i gz[i, j]; gdt[i] = sum_j gz[i, j] w[j] (optional). Sums in double, in
- * row order (deterministic).
+ * gb[j] = sum_i gz[i, j]; gdt[i] = sum_j gz[i, j] w[j] (optional). The forward stores
+ * sin(z) [M, d] beside cos(z) when a gradient is wanted (both polynomials are evaluated
+ * anyway, see below), so the backward is one pass over memory. Sums in float within a
+ * block of ROWS rows, in double across blocks, in a fixed order (deterministic, and
+ * independent of the number of threads).
  *
- * cos and sin: z is reduced to r in [-pi, pi] in double (Cody-Waite, 2 pi split in
- * three: exact to ~1e-16 for |z| up to ~3e9, beyond that within ~1e-16 |z|), then
- *     cos z = 1 - 2 sin^2(r / 2),   sin z = sign(r) sin(min(|r|, pi - |r|))
- * with one Taylor polynomial of sin on [-pi/2, pi/2] (degree 13, error < 7e-10) in
- * double; the float result is within one unit in the last place of
- * the exact value (torch's cos is too; its slow path for |z| > ~1e4 costs several times
- * more). The loops are branch-free so the
- * compiler vectorises them; on x86-64 with GCC an AVX2+FMA clone is built beside the
- * generic one and picked at load time.
+ * cos and sin: z is reduced by pi/2 in double, z = r + k pi/2 with |r| <= pi/4 (Cody-Waite,
+ * pi/2 split in three parts of which the first two have 21 significant bits, so k P1 and
+ * k P2 are exact for |k| < 2^32: r is exact to ~1e-16 for |z| up to ~6e9); r is rounded
+ * to float and cos r, sin r come from their Taylor polynomials in float (to r^12 and
+ * r^9: truncation below 2e-9 on |r| <= pi/4), picked and signed by k mod 4. The result
+ * is within ~1.5 units in the last place of the exact value for the float z (<= 9e-8;
+ * torch's own float cos is within one unit, and its slow path for |z| > ~1e4 costs
+ * several times more). Reduction in double, polynomials in float. The loops are
+ * branch-free so the compiler vectorises them; on x86-64 with GCC an AVX2+FMA clone is
+ * built beside the generic one and picked at load time.
  *
  * Dropout mask: out[i] = scale when u_i >= p else 0, u_i uniform in [0, 1) from a
  * counter-based hash (splitmix64) of (seed, i): any order, no state, ~1 ns an element
@@ -25,7 +29,7 @@
  */
 #include <stdint.h>
 
-#define TGL_PW_ABI 4
+#define TGL_PW_ABI 5
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx2,fma", "default")))
@@ -35,14 +39,12 @@
 
 int64_t tgl_pw_abi(void) { return TGL_PW_ABI; }
 
-static const double INV_2PI = 0.15915494309189535;
-/* 2 pi = C1 + C2 + C3 with C1, C2 of 24 significant bits: k C1 and k C2 are exact for
- * k < 2^29, so the reduction is exact to ~1e-16 up to |z| ~ 3e9 */
-static const double TWO_PI_C1 = 6.2831854820251465;
-static const double TWO_PI_C2 = -1.7484555314695172e-07;
-static const double TWO_PI_C3 = -6.8604979977715316e-15;
+static const double INV_PIO2 = 0.6366197723675814;
+/* pi/2 = P1 + P2 + P3, P1 and P2 with 21 significant bits */
+static const double PIO2_1 = 1.570796012878418;
+static const double PIO2_2 = 3.139164164167596e-07;
+static const double PIO2_3 = 6.223372171896613e-14;
 static const double ROUND = 6755399441055744.0;          /* 1.5 * 2^52: x + R - R = rint(x) */
-static const double PI = 3.141592653589793;
 
 /* z = dt * w + b rounded as torch's addmm rounds it: the float product, then the float
  * sum (the double sum of two floats rounded once to float: the same value; and no
@@ -51,17 +53,31 @@ static inline float affine(float t, float w, float b) {
   return (float)((double)(t * w) + (double)b);
 }
 
-/* z reduced to r in [-pi, pi]: z = r + 2 pi k */
-static inline double reduced(float z) {
+/* z = r + k pi/2, |r| <= pi/4; q = k mod 4 as a float in {-2, -1, 0, 1, 2} */
+static inline float reduced(float z, float *q) {
   const double x = (double)z;
-  const double k = (x * INV_2PI + ROUND) - ROUND;
-  return ((x - k * TWO_PI_C1) - k * TWO_PI_C2) - k * TWO_PI_C3;
+  const double k = (x * INV_PIO2 + ROUND) - ROUND;
+  *q = (float)(k - 4.0 * ((k * 0.25 + ROUND) - ROUND));
+  return (float)(((x - k * PIO2_1) - k * PIO2_2) - k * PIO2_3);
 }
 
-static inline double sin_poly(double h) { /* sin h, |h| <= pi/2: Taylor to h^13 (error < 7e-10) */
-  const double h2 = h * h;
-  return h * (1.0 + h2 * (-1.0 / 6 + h2 * (1.0 / 120 + h2 * (-1.0 / 5040 + h2 * (1.0 / 362880
-         + h2 * (-1.0 / 39916800 + h2 * (1.0 / 6227020800.0)))))));
+static inline float sin_poly(float r, float r2) {  /* sin r, |r| <= pi/4 */
+  return r + r * r2 * (-1.66666667e-1f + r2 * (8.33333333e-3f + r2 * (-1.98412698e-4f
+         + r2 * 2.75573192e-6f)));
+}
+static inline float cos_poly(float r2) {           /* cos r, |r| <= pi/4 */
+  return 1.0f + r2 * (-0.5f + r2 * (4.16666667e-2f + r2 * (-1.38888889e-3f
+         + r2 * (2.48015873e-5f + r2 * -2.75573192e-7f))));
+}
+/* cos(r + k pi/2) = cos r, -sin r, -cos r, sin r for k = 0, 1, 2, 3 (mod 4) */
+static inline float cos_q(float r, float q) {
+  const float r2 = r * r, a = q < 0.0f ? -q : q;
+  return a == 1.0f ? -q * sin_poly(r, r2) : (1.0f - a) * cos_poly(r2);
+}
+/* sin(r + k pi/2) = sin r, cos r, -sin r, -cos r */
+static inline float sin_q(float r, float q) {
+  const float r2 = r * r, a = q < 0.0f ? -q : q;
+  return a == 1.0f ? q * cos_poly(r2) : (1.0f - a) * sin_poly(r, r2);
 }
 
 /* Rows are processed in blocks of ROWS; with OpenMP (when built with it; the workers are
@@ -80,76 +96,88 @@ static int workers(int threads, int64_t n, int64_t blocks) {
 }
 
 TGL_CLONES
-static void enc_fwd_rows(int64_t i0, int64_t i1, int64_t d, const float *dt, const float *w,
-                         const float *b, float *out, int64_t ld) {
+static void enc_fwd_rows(int64_t i0, int64_t i1, int64_t d, const float *restrict dt,
+                         const float *restrict w, const float *restrict b, float *restrict out,
+                         int64_t ld, float *restrict sin_out) {
   for (int64_t i = i0; i < i1; ++i) {
     const float t = dt[i];
     float *o = out + i * ld;
-    for (int64_t j = 0; j < d; ++j) {
-      const double s = sin_poly(0.5 * reduced(affine(t, w[j], b[j])));   /* cos z = 1 - 2 sin^2(r/2) */
-      o[j] = (float)(1.0 - 2.0 * s * s);
+    if (sin_out) {
+      float *so = sin_out + i * d;
+      for (int64_t j = 0; j < d; ++j) {
+        float q;
+        const float r = reduced(affine(t, w[j], b[j]), &q);
+        o[j] = cos_q(r, q);
+        so[j] = sin_q(r, q);
+      }
+    } else {
+      for (int64_t j = 0; j < d; ++j) {
+        float q;
+        const float r = reduced(affine(t, w[j], b[j]), &q);
+        o[j] = cos_q(r, q);
+      }
     }
   }
 }
 
 /* out: row i at out + i * ld (ld >= d: the encoding may fill the last d columns of a wider
- * row, e.g. beside the edge features) */
+ * row, e.g. beside the edge features); sin_out: [M, d] sin z for the backward, or NULL */
 void tgl_time_enc_fwd(int64_t M, int64_t d, const float *dt, const float *w, const float *b,
-                      float *out, int64_t ld, int threads) {
+                      float *out, int64_t ld, float *sin_out, int threads) {
   const int64_t nb = nblocks(M);
   int64_t k;
 #pragma omp parallel for num_threads(workers(threads, M * d, nb)) schedule(static)
   for (k = 0; k < nb; ++k)
-    enc_fwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, out, ld);
+    enc_fwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, out, ld,
+                 sin_out);
 }
 
-/* block k's sums into acc [2 d] (w then b), gdt of its rows; gz: [d] double scratch */
+/* block k's sums into acc [2 d] (w then b; float within the block, ROWS rows), gdt of its
+ * rows; sw: [2 d] float scratch, gz: [d] float scratch */
 TGL_CLONES
-static void enc_bwd_rows(int64_t i0, int64_t i1, int64_t d, const float *dt, const float *w,
-                         const float *b, const float *g, int64_t ld, float *gdt, double *acc,
-                         double *gz) {
-  double *aw = acc, *ab = acc + d;
-  for (int64_t j = 0; j < 2 * d; ++j) acc[j] = 0.0;
+static void enc_bwd_rows(int64_t i0, int64_t i1, int64_t d, const float *restrict dt,
+                         const float *restrict w, const float *restrict sinz,
+                         const float *restrict g, int64_t ld, float *restrict gdt,
+                         double *restrict acc, float *restrict sw, float *restrict gz) {
+  float *restrict aw = sw, *restrict ab = sw + d;
+  for (int64_t j = 0; j < 2 * d; ++j) sw[j] = 0.0f;
   for (int64_t i = i0; i < i1; ++i) {
     const float t = dt[i];
-    const double td = (double)t;
-    const float *gi = g + i * ld;
+    const float *gi = g + i * ld, *si = sinz + i * d;
     for (int64_t j = 0; j < d; ++j) {
-      /* sin z = sin r = sign(r) sin(min(|r|, pi - |r|)), the argument in [0, pi/2] */
-      const double r = reduced(affine(t, w[j], b[j]));
-      const double a = r < 0.0 ? -r : r, f = PI - a;
-      const double sa = sin_poly(a < f ? a : f);
-      gz[j] = -(double)gi[j] * (r < 0.0 ? -sa : sa);
-      aw[j] += gz[j] * td;
+      gz[j] = -gi[j] * si[j];
+      aw[j] += gz[j] * t;
       ab[j] += gz[j];
     }
     if (gdt) {
-      double s = 0.0;
-      for (int64_t j = 0; j < d; ++j) s += gz[j] * (double)w[j];
-      gdt[i] = (float)s;
+      float s = 0.0f;
+      for (int64_t j = 0; j < d; ++j) s += gz[j] * w[j];
+      gdt[i] = s;
     }
   }
+  for (int64_t j = 0; j < 2 * d; ++j) acc[j] = (double)sw[j];
 }
 
 /* gw, gb: [d] (written); gdt: [M] or NULL; acc: double scratch of
  * tgl_time_enc_bwd_scratch(M, d) elements. */
-int64_t tgl_time_enc_bwd_scratch(int64_t M, int64_t d) { return nblocks(M) * 3 * d; }
+int64_t tgl_time_enc_bwd_scratch(int64_t M, int64_t d) { return nblocks(M) * 4 * d; }
 
-/* g: row i at g + i * ld */
-void tgl_time_enc_bwd(int64_t M, int64_t d, const float *dt, const float *w, const float *b,
+/* sinz: [M, d] from the forward; g: row i at g + i * ld */
+void tgl_time_enc_bwd(int64_t M, int64_t d, const float *dt, const float *w, const float *sinz,
                       const float *g, int64_t ld, float *gw, float *gb, float *gdt, double *acc,
                       int threads) {
   const int64_t nb = nblocks(M);
   int64_t k;
 #pragma omp parallel for num_threads(workers(threads, M * d, nb)) schedule(static)
   for (k = 0; k < nb; ++k)
-    enc_bwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, b, g, ld, gdt,
-                 acc + k * 3 * d, acc + k * 3 * d + 2 * d);
+    enc_bwd_rows(k * ROWS, k * ROWS + ROWS < M ? k * ROWS + ROWS : M, d, dt, w, sinz, g, ld,
+                 gdt, acc + k * 4 * d, (float *)(acc + k * 4 * d + 2 * d),
+                 (float *)(acc + k * 4 * d + 3 * d));
   for (int64_t j = 0; j < d; ++j) {   /* the blocks' sums, in block order */
     double sw = 0.0, sb = 0.0;
     for (k = 0; k < nb; ++k) {
-      sw += acc[k * 3 * d + j];
-      sb += acc[k * 3 * d + d + j];
+      sw += acc[k * 4 * d + j];
+      sb += acc[k * 4 * d + d + j];
     }
     gw[j] = (float)sw;
     gb[j] = (float)sb;

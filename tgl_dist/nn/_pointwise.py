@@ -28,14 +28,14 @@ from torch import Tensor
 from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 4
+ABI = 5
 _P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
                            ctypes.c_int)
 
 
 def _load(path: Path) -> ctypes.CDLL:
     return open_library(path, "pointwise kernel", "tgl_pw_abi", ABI, {
-        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _INT]),
+        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _INT]),
         "tgl_time_enc_bwd_scratch": (_I64, [_I64, _I64]),
         "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _INT]),
         "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT]),
@@ -60,8 +60,9 @@ class CosineTimeEncoding(torch.autograd.Function):
     or ``[M, F + d]`` = ``[prefix || cos(...)]`` with a ``prefix [M, F]`` (e.g. the edge
     features beside the encoding: one output, no concatenation copy forward or backward).
 
-    Gradients flow to ``w``, ``b`` and (when they require one) ``dt`` and ``prefix``; ``z``
-    is recomputed in the backward instead of stored.
+    Gradients flow to ``w``, ``b`` and (when they require one) ``dt`` and ``prefix``. When
+    a gradient is wanted the forward also keeps ``sin(z) [M, d]`` (the kernel evaluates it
+    beside the cosine at almost no cost), so the backward is one pass over memory.
     """
 
     @staticmethod
@@ -72,22 +73,26 @@ class CosineTimeEncoding(torch.autograd.Function):
         out = torch.empty(M, F + d)
         if F:
             out[:, :F] = prefix
+        sinz = torch.empty(M, d) if any(ctx.needs_input_grad[:3]) else None
         lib.tgl_time_enc_fwd(M, d, dt.data_ptr(), w.data_ptr(), b.data_ptr(),
-                             out[:, F:].data_ptr(), F + d, lib.threads())
-        ctx.save_for_backward(dt, w, b)
+                             out[:, F:].data_ptr(), F + d,
+                             None if sinz is None else sinz.data_ptr(), lib.threads())
+        ctx.save_for_backward(dt, w, sinz)
         ctx.lib, ctx.F = lib, F
         return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        dt, w, b = ctx.saved_tensors
+        dt, w, sinz = ctx.saved_tensors
         M, d, F = dt.numel(), w.numel(), ctx.F
+        if sinz is None:  # only the prefix wanted a gradient
+            return None, None, None, None, (g[:, :F] if ctx.needs_input_grad[4] else None)
         if g.stride(1) != 1 or (M > 1 and g.stride(0) < F + d):
             g = g.contiguous()
         gw, gb = torch.empty(d), torch.empty(d)
         gdt = torch.empty(M) if ctx.needs_input_grad[0] else None
         acc = torch.empty(ctx.lib.tgl_time_enc_bwd_scratch(M, d), dtype=torch.float64)
-        ctx.lib.tgl_time_enc_bwd(M, d, dt.data_ptr(), w.data_ptr(), b.data_ptr(),
+        ctx.lib.tgl_time_enc_bwd(M, d, dt.data_ptr(), w.data_ptr(), sinz.data_ptr(),
                                  g[:, F:].data_ptr(), g.stride(0) if M else F + d,
                                  gw.data_ptr(), gb.data_ptr(),
                                  None if gdt is None else gdt.data_ptr(), acc.data_ptr(),
