@@ -40,6 +40,39 @@ def test_update_picks_latest_event_and_interleaves_ties():
     assert mb.memory[1].tolist() == mem[1].tolist()
 
 
+@pytest.mark.parametrize("K,time_delta,use_emb", [(1, "query", False), (3, "query", False),
+                                                  (1, "mail", False), (1, "mail", True)])
+def test_update_equals_the_explicit_api_sequence(K, time_delta, use_emb):
+    """update()'s route for deliver_to='self', mail_combine='last' (one latest-occurrence
+    pass) writes exactly what get_update_memory + get_update_mail +
+    set_mailbox_all_to_all write, with repeated nodes and tied times."""
+    p = dict(dim_out=D_MEM, mailbox_size=K, deliver_to="self", mail_combine="last",
+             time_delta=time_delta)
+    a, b = SharedMailBox(N, p, D_E), SharedMailBox(N, p, D_E)
+    g = torch.Generator().manual_seed(3)
+    for step in range(5):
+        B = 9
+        src, dst = torch.randint(0, N, (B,), generator=g), torch.randint(0, N, (B,), generator=g)
+        t = (step * 10 + torch.randint(0, 3, (B,), generator=g).sort().values).double()
+        neg = torch.randint(0, N, (B,), generator=g)
+        nodes = torch.cat([src, dst, neg])
+        roots = Roots(nodes=nodes, ts=torch.cat([t, t, t]), eids=torch.arange(B), src=src,
+                      dst=dst, t=t)
+        mem, emb = torch.randn(3 * B, D_MEM, generator=g), torch.randn(3 * B, D_MEM, generator=g)
+        ef = torch.randn(B, D_E, generator=g)
+        sp, dp = torch.arange(B), torch.arange(B, 2 * B)
+        a.update(mem, roots, sp, dp, ef, emb if use_emb else None, use_emb)
+        pos = torch.stack([sp, dp], 1).view(-1)
+        i_m, m, mts = b.get_update_memory(nodes[pos], mem[pos], t.repeat_interleave(2))
+        i_l, ml, mlts = b.get_update_mail(nodes, sp, dp, t, ef, mem, emb if use_emb else None,
+                                          False, use_emb)
+        b.set_mailbox_all_to_all(i_m, m, mts, None, None)
+        b.set_mailbox_all_to_all(i_l, None, None, ml, mlts)
+        for k in ("memory", "memory_ts", "mailbox", "mail_ts", "next_mail_pos"):
+            assert torch.equal(getattr(a, k), getattr(b, k)), (step, k)
+    assert float(a.mailbox.abs().sum()) > 0
+
+
 def test_ring_buffer_and_mean():
     mb = _mb(K=2)
     idx = torch.tensor([3, 3, 5])
