@@ -13,8 +13,8 @@
  * independent of the number of threads).
  *
  * cos and sin: z is reduced by pi/2 in double, z = r + k pi/2 with |r| <= pi/4 (Cody-Waite,
- * pi/2 split in three parts of which the first two have 21 significant bits, so k P1 and
- * k P2 are exact for |k| < 2^32: r is exact to ~1e-16 for |z| up to ~6e9); r is rounded
+ * pi/2 split in two parts, the first with 21 significant bits so k P1 is exact for
+ * |k| < 2^32: r is exact to ~3e-13 for |z| up to ~6e9); r is rounded
  * to float and cos r, sin r come from their Taylor polynomials in float (to r^12 and
  * r^9: truncation below 2e-9 on |r| <= pi/4), picked and signed by k mod 4. The result
  * is within ~1.5 units in the last place of the exact value for the float z (<= 9e-8;
@@ -40,10 +40,9 @@
 int64_t tgl_pw_abi(void) { return TGL_PW_ABI; }
 
 static const double INV_PIO2 = 0.6366197723675814;
-/* pi/2 = P1 + P2 + P3, P1 and P2 with 21 significant bits */
+/* pi/2 = P1 + P2 (+ ~6e-30), P1 with 21 significant bits: k P1 is exact for |k| < 2^32 */
 static const double PIO2_1 = 1.570796012878418;
-static const double PIO2_2 = 3.139164164167596e-07;
-static const double PIO2_3 = 6.223372171896613e-14;
+static const double PIO2_2 = 3.139164786504813e-07;
 static const double ROUND = 6755399441055744.0;          /* 1.5 * 2^52: x + R - R = rint(x) */
 
 /* z = dt * w + b rounded as torch's addmm rounds it: the float product, then the float
@@ -53,12 +52,13 @@ static inline float affine(float t, float w, float b) {
   return (float)((double)(t * w) + (double)b);
 }
 
-/* z = r + k pi/2, |r| <= pi/4; q = k mod 4 as a float in {-2, -1, 0, 1, 2} */
+/* z = r + k pi/2, |r| <= pi/4 (r rounded to float; the rounding of k P2, below 3e-13, does
+ * not reach it); q = k mod 4 as a float in {-2, -1, 0, 1, 2} */
 static inline float reduced(float z, float *q) {
   const double x = (double)z;
   const double k = (x * INV_PIO2 + ROUND) - ROUND;
   *q = (float)(k - 4.0 * ((k * 0.25 + ROUND) - ROUND));
-  return (float)(((x - k * PIO2_1) - k * PIO2_2) - k * PIO2_3);
+  return (float)((x - k * PIO2_1) - k * PIO2_2);
 }
 
 static inline float sin_poly(float r, float r2) {  /* sin r, |r| <= pi/4 */
