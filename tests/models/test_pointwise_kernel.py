@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tgl_dist.nn import TimeEncode
-from tgl_dist.nn._pointwise import (KERNEL, CosineTimeEncoding, Dropout, GRUGates,
-                                    cosine_time_encoding, dropout_mask)
+from tgl_dist.nn._pointwise import (KERNEL, CosineTimeEncoding, Dropout, GRUCell, GRUGates,
+                                    cosine_time_encoding, dropout_mask, gru_cell)
 
 LIB = KERNEL.get()
 needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the pointwise kernel "
@@ -285,3 +285,42 @@ def test_time_encoding_with_prefix_is_the_concatenation():
     ref = [t.clone().requires_grad_() for t in (dt, w, b)]
     CosineTimeEncoding.apply(*ref, LIB).sum().backward()
     assert all(torch.equal(x.grad, y.grad) for x, y in zip(leaves, ref))
+
+
+@needs_kernel
+@pytest.mark.parametrize("grads", [("x1",), ("x0", "x1", "h"), ("h",), ()])
+def test_gru_cell_equals_torch_gru_cell(grads):
+    """The fused cell (products, gates, written-out backward) against torch.nn.GRUCell on
+    the concatenated input, in float64: value and the gradient of every parameter and of
+    each input that asks for one (and none for the others)."""
+    g = torch.Generator().manual_seed(4)
+    U, F0, F1, H = 300, 20, 7, 16
+    cell = torch.nn.GRUCell(F0 + F1, H).double()
+    x0, x1, h = (torch.randn(U, n, generator=g) for n in (F0, F1, H))
+    go = torch.randn(U, H, generator=g)
+    ins = {k: v.double().requires_grad_(k in grads) for k, v in (("x0", x0), ("x1", x1),
+                                                                   ("h", h))}
+    ref = cell(torch.cat([ins["x0"], ins["x1"]], 1), ins["h"])
+    ref.backward(go.double())
+    params = [p.detach().float().requires_grad_() for p in
+              (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)]
+    mine = {k: v.float().detach().requires_grad_(k in grads) for k, v in ins.items()}
+    out = gru_cell(mine["x0"], mine["x1"], mine["h"], *params)
+    assert type(out.grad_fn).__name__ == GRUCell.__name__ + "Backward"
+    out.backward(go)
+    assert torch.allclose(out.double(), ref, atol=2e-6)
+    for p, q in zip(params, (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)):
+        assert torch.allclose(p.grad.double(), q.grad, rtol=1e-4, atol=1e-4)
+    for k in ("x0", "x1", "h"):
+        if k in grads:
+            assert torch.allclose(mine[k].grad.double(), ins[k].grad, rtol=1e-4, atol=1e-5), k
+        else:
+            assert mine[k].grad is None
+
+
+def test_gru_cell_without_kernel_is_torch_gru_cell():
+    g = torch.Generator().manual_seed(5)
+    cell = torch.nn.GRUCell(9, 4).double()
+    x0, x1, h = (torch.randn(6, n, generator=g, dtype=torch.float64) for n in (5, 4, 4))
+    out = gru_cell(x0, x1, h, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+    assert torch.allclose(out, cell(torch.cat([x0, x1], 1), h))

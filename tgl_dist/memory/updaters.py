@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgl_dist.nn._pointwise import Dropout, gru_gates
+from tgl_dist.nn._pointwise import Dropout, gru_cell
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
 
@@ -131,15 +131,13 @@ class GRUMemoryUpdater(_CellUpdater):
     def forward(self, srcdata) -> Tensor:
         H = self.dim_memory
         if self.time_delta == "mail" and self.time_enc is not None:
-            # one row per node: the cell on [mail || phi], as two products so the backward
-            # computes no gradient for the (stored, constant) mail, only for phi
+            # one row per node: the cell on [mail || phi] in one autograd node, whose
+            # backward computes input gradients for phi only (mail and memory are stored
+            # constants)
             mem = srcdata["mem"]
             phi = self.time_enc(srcdata["mail_ts"][:, -1] - srcdata["mem_ts"])
-            # split, not slices: one gradient copy instead of two full-size zero fills
-            w_mail, w_t = self.weight_ih.split([self.dim_mail, self.dim_time], 1)
-            gi = F.linear(srcdata["mail"].reshape(mem.size(0), -1), w_mail, self.bias_ih)
-            gi = torch.addmm(gi, phi, w_t.t())
-            return gru_gates(gi, F.linear(mem, self.weight_hh, self.bias_hh), mem)
+            return gru_cell(srcdata["mail"].reshape(mem.size(0), -1), phi, mem,
+                            self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         gi, gh, inv, h = self._node_part(srcdata)
         # node-only part [r+z summed | i_n | h_n], gathered once per occurrence
         gi_rz, gi_n = gi.split([2 * H, H], 1)
