@@ -19,14 +19,31 @@ steps of the first epoch, split into the phases of :func:`tgl_dist.models.run_ep
 process, so the machine's drift (10-20 % between runs on a shared VM) hits both alike;
 it reports the mean step of each.
 
+``--base REV --swap MODULE:ATTR [--swap ...]`` measures a code change the same way: the
+named attributes (a module-level function, or ``Class.method``) alternate every 10 steps
+between the working tree's version and the one at git revision ``REV`` (its ``tgl_dist``
+is extracted with ``git archive`` into a temporary folder and the named modules loaded
+from there), and the mean step of each is reported. Swap the name where callers look it
+up at call time: for a function imported with ``from ... import f``, the importing
+module's ``f``; e.g. ::
+
+    python benchmarks/step_phases.py --base HEAD~1 \
+        --swap tgl_dist.nn.time_encoding:cosine_time_encoding \
+        --swap tgl_dist.memory.mailbox:SharedMailBox.update
+
 ``--profile`` adds the torch profiler's table of operators (self CPU time).
 The last line is one JSON object.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
+import importlib
+import importlib.util
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +72,34 @@ from tgl_dist.sampling import NegativeSampling, NeighborSampler  # noqa: E402
 PHASES = ("load", "forward", "backward", "optimizer", "write_back")
 
 
+def _swaps(base: str, specs):
+    """``[(owner, name, base value, working-tree value)]`` for each ``MODULE:ATTR``."""
+    tmp = Path(tempfile.mkdtemp(prefix="tgl_dist_base_"))
+    atexit.register(shutil.rmtree, tmp, True)
+    arch = subprocess.run(["git", "-C", str(REPO), "archive", base, "tgl_dist"],
+                          capture_output=True, check=False)
+    if arch.returncode:
+        raise SystemExit(f"git archive {base} failed: {arch.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=arch.stdout, check=True)
+    out = []
+    for spec in specs:
+        mod_name, _, attr = spec.partition(":")
+        if not attr:
+            raise SystemExit(f"--swap {spec!r}: expected MODULE:ATTR")
+        path = tmp / (mod_name.replace(".", "/") + ".py")
+        if not path.is_file():
+            raise SystemExit(f"--swap {spec!r}: {mod_name} does not exist at {base}")
+        loaded = importlib.util.spec_from_file_location(f"_base_{len(out)}_{mod_name}", path)
+        old_mod = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(old_mod)
+        new_owner, old_owner = importlib.import_module(mod_name), old_mod
+        *parents, name = attr.split(".")
+        for part in parents:
+            new_owner, old_owner = getattr(new_owner, part), getattr(old_owner, part)
+        out.append((new_owner, name, getattr(old_owner, name), getattr(new_owner, name)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="wikipedia")
@@ -69,7 +114,17 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None,
                     help="events per step (default: the config's 200); a small batch shows "
                          "the fixed cost of a step")
+    ap.add_argument("--base", default=None,
+                    help="git revision whose code --swap compares with the working tree")
+    ap.add_argument("--swap", action="append", default=[], metavar="MODULE:ATTR",
+                    help="attribute to alternate between --base and the working tree "
+                         "(repeatable), e.g. tgl_dist.memory.mailbox:SharedMailBox.update")
     args = ap.parse_args()
+    if bool(args.base) != bool(args.swap):
+        ap.error("--base and --swap go together")
+    if args.swap and args.compare_kernel_threads:
+        ap.error("--swap and --compare-kernel-threads are two separate comparisons")
+    swaps = _swaps(args.base, args.swap) if args.swap else []
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     DistributedContext.init()
@@ -101,11 +156,18 @@ def main() -> None:
     mailbox.reset()
     loader.set_epoch(0, 0)
     it = iter(loader)
-    sums = {m: dict.fromkeys(PHASES, 0.0) for m in ("torch_threads", "one_thread")}
+    modes = ("torch_threads", "one_thread") if not swaps else ("base", "working_tree")
+    sums = {m: dict.fromkeys(PHASES, 0.0) for m in modes}
     counts = dict.fromkeys(sums, 0)
     prof = None
     for i in range(args.warmup + args.steps):
-        mode = "one_thread" if args.compare_kernel_threads and (i // 10) % 2 else "torch_threads"
+        if swaps:
+            mode = "working_tree" if (i // 10) % 2 else "base"
+            for owner, name, base_value, new_value in swaps:
+                setattr(owner, name, base_value if mode == "base" else new_value)
+        else:
+            mode = ("one_thread" if args.compare_kernel_threads and (i // 10) % 2
+                    else "torch_threads")
         for k in kernels:
             k.threads = (lambda: 1) if mode == "one_thread" else own[id(k)]
         if i == args.warmup and args.profile:
@@ -132,6 +194,8 @@ def main() -> None:
                 sums[mode][p] += b - a
     for k in kernels:
         k.threads = own[id(k)]
+    for owner, name, _, new_value in swaps:
+        setattr(owner, name, new_value)
     if prof is not None:
         prof.__exit__(None, None, None)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
@@ -144,7 +208,7 @@ def main() -> None:
         total = sum(ms.values())
         print(f"{mode:13s} ({n} steps): " + "  ".join(f"{p} {v:.2f}" for p, v in ms.items())
               + f"  | step {total:.2f} ms ({bs * 1e3 / total:.0f} events/s)")
-        key = "" if mode == "torch_threads" else "one_thread_"
+        key = {"torch_threads": "", "working_tree": ""}.get(mode, f"{mode}_")
         res.update({f"{key}{p}_ms": round(v, 3) for p, v in ms.items()})
         res[f"{key}step_ms"] = round(total, 3)
     print(json.dumps(res))
