@@ -311,11 +311,8 @@ class SharedMailBox:
             ot_u = (embedding if use_dst_emb else memory)[src].detach()
             parts_u, parts_v = [me_u, ot_v], [me_v, ot_u]
             if self.dim_edge_feat:
-                if edge_feats is None:
-                    raise ValueError(f"the mailbox was built with dim_edge_feat="
-                                     f"{self.dim_edge_feat} but edge_feats is None")
-                parts_u.append(edge_feats.float())
-                parts_v.append(edge_feats.float())
+                parts_u.append(self._edge_feats(edge_feats))
+                parts_v.append(parts_u[-1])
             mail = torch.stack([torch.cat(parts_u, 1), torch.cat(parts_v, 1)], 1).view(2 * B, -1)
             ids = torch.stack([index[src], index[dst]], 1).view(-1)
             mail_ts = ts.to(torch.float64).repeat_interleave(2)
@@ -337,6 +334,13 @@ class SharedMailBox:
                 sel = latest_per_key(ids, mail_ts)
                 return ids[sel], mail[sel], mail_ts[sel]
             return ids, mail, mail_ts
+
+    def _edge_feats(self, edge_feats: Optional[Tensor]) -> Tensor:
+        """The positive events' features ``[B, d_e]`` (float) for the mails."""
+        if edge_feats is None:
+            raise ValueError(f"the mailbox was built with dim_edge_feat={self.dim_edge_feat} "
+                             f"but edge_feats is None")
+        return edge_feats.float()
 
     # ------------------------------------------------------------------ write
     def set_mailbox_all_to_all(self, index: Tensor, memory: Optional[Tensor],
@@ -465,12 +469,9 @@ class SharedMailBox:
             idx, mts = nodes.index_select(0, mine), ts.index_select(0, sel)
             mem = memory.detach().index_select(0, mine)
             parts = [mem, (embedding if use_dst_emb else memory).detach().index_select(0, other)]
-            if self.dim_edge_feat:
-                if edge_feats is None:
-                    raise ValueError(f"the mailbox was built with dim_edge_feat="
-                                     f"{self.dim_edge_feat} but edge_feats is None")
-                parts.append(edge_feats.float().index_select(0, torch.div(sel, 2,
-                                                                          rounding_mode="floor")))
+            if self.dim_edge_feat:   # event of occurrence j: j // 2
+                parts.append(self._edge_feats(edge_feats).index_select(
+                    0, torch.div(sel, 2, rounding_mode="floor")))
             mail = torch.cat(parts, 1)
         if self.world_size == 1:
             self._write(self._local(idx), mem, mts, mail, mts, "max", distinct=True)

@@ -126,15 +126,14 @@ class GRUGates(torch.autograd.Function):
     ``z = sigmoid(gi_z + gh_z)``, ``n = tanh(gi_n + r gh_n)`` (float32, CPU). Keeps
     ``r, z, n`` for the backward, which writes the gradients of ``gi`` and ``gh`` (and of
     ``h`` when it requires one) in one pass: no split, chunk or concatenation nodes.
+    :class:`GRUCell` runs the same kernel calls inside its own node; this one holds the
+    gates alone (the tests check the kernel's values and gradients through it).
     """
 
     @staticmethod
     def forward(ctx, gi: Tensor, gh: Tensor, h: Tensor, lib) -> Tensor:
         gi, gh, h = gi.contiguous(), gh.contiguous(), h.contiguous()
-        U, H = h.shape
-        out, saved = torch.empty(U, H), torch.empty(U, 3 * H)
-        lib.tgl_gru_fwd(U, H, gi.data_ptr(), gh.data_ptr(), h.data_ptr(), out.data_ptr(),
-                        saved.data_ptr(), lib.threads())
+        out, saved = _gates_forward(lib, gi, gh, h)
         ctx.save_for_backward(gh, h, saved)
         ctx.lib = lib
         return out
@@ -142,27 +141,39 @@ class GRUGates(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         gh, h, saved = ctx.saved_tensors
-        g = g.contiguous()
-        U, H = h.shape
-        g_gi, g_gh = torch.empty(U, 3 * H), torch.empty(U, 3 * H)
-        g_h = torch.empty(U, H) if ctx.needs_input_grad[2] else None
-        ctx.lib.tgl_gru_bwd(U, H, g.data_ptr(), gh.data_ptr(), h.data_ptr(), saved.data_ptr(),
-                            g_gi.data_ptr(), g_gh.data_ptr(),
-                            None if g_h is None else g_h.data_ptr(), ctx.lib.threads())
-        return g_gi, g_gh, g_h, None
+        return (*_gates_backward(ctx.lib, g, gh, h, saved, ctx.needs_input_grad[2]), None)
 
 
-def gru_gates(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:
-    """``h'`` of :class:`GRUGates` (the compiled kernel on CPU float32, else torch's ops)."""
-    lib = KERNEL.get() if _cpu_f32(gi, gh, h) else None
-    if lib is None:
-        H = h.size(1)
-        gi_rz, gi_n = gi.split([2 * H, H], 1)
-        gh_rz, gh_n = gh.split([2 * H, H], 1)
-        r, z = torch.sigmoid(gi_rz + gh_rz).chunk(2, 1)
-        n = torch.tanh(gi_n + r * gh_n)
-        return n + z * (h - n)
-    return GRUGates.apply(gi, gh, h, lib)
+def _gates_forward(lib, gi: Tensor, gh: Tensor, h: Tensor):
+    """``(h' [U, H], saved r, z, n [U, 3H])`` from contiguous ``gi, gh [U, 3H]``, ``h``."""
+    U, H = h.shape
+    out, saved = torch.empty(U, H), torch.empty(U, 3 * H)
+    lib.tgl_gru_fwd(U, H, gi.data_ptr(), gh.data_ptr(), h.data_ptr(), out.data_ptr(),
+                    saved.data_ptr(), lib.threads())
+    return out, saved
+
+
+def _gates_backward(lib, g: Tensor, gh: Tensor, h: Tensor, saved: Tensor, want_h: bool):
+    """``(g_gi, g_gh [U, 3H], g_h [U, H] or None)``: the gates' backward; ``g_h`` holds only
+    the direct term ``g z`` (what flows through ``gh`` is the caller's)."""
+    g = g.contiguous()
+    U, H = h.shape
+    g_gi, g_gh = torch.empty(U, 3 * H), torch.empty(U, 3 * H)
+    g_h = torch.empty(U, H) if want_h else None
+    lib.tgl_gru_bwd(U, H, g.data_ptr(), gh.data_ptr(), h.data_ptr(), saved.data_ptr(),
+                    g_gi.data_ptr(), g_gh.data_ptr(), None if g_h is None else g_h.data_ptr(),
+                    lib.threads())
+    return g_gi, g_gh, g_h
+
+
+def _gates_torch(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:
+    """The gates of :class:`GRUGates` in torch's ops (the fallback off the kernel)."""
+    H = h.size(1)
+    gi_rz, gi_n = gi.split([2 * H, H], 1)
+    gh_rz, gh_n = gh.split([2 * H, H], 1)
+    r, z = torch.sigmoid(gi_rz + gh_rz).chunk(2, 1)
+    n = torch.tanh(gi_n + r * gh_n)
+    return n + z * (h - n)
 
 
 class GRUCell(torch.autograd.Function):
@@ -182,12 +193,8 @@ class GRUCell(torch.autograd.Function):
                 b_ih: Tensor, b_hh: Tensor, lib) -> Tensor:
         x = torch.cat([x0, x1], 1) if x0.size(1) else x1.contiguous()
         h = h.contiguous()
-        gi = torch.addmm(b_ih, x, w_ih.t())
         gh = torch.addmm(b_hh, h, w_hh.t())
-        U, H = h.shape
-        out, saved = torch.empty(U, H), torch.empty(U, 3 * H)
-        lib.tgl_gru_fwd(U, H, gi.data_ptr(), gh.data_ptr(), h.data_ptr(), out.data_ptr(),
-                        saved.data_ptr(), lib.threads())
+        out, saved = _gates_forward(lib, torch.addmm(b_ih, x, w_ih.t()), gh, h)
         ctx.save_for_backward(x, h, gh, saved, w_ih, w_hh)
         ctx.lib, ctx.f0 = lib, x0.size(1)
         return out
@@ -196,13 +203,7 @@ class GRUCell(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         x, h, gh, saved, w_ih, w_hh = ctx.saved_tensors
         need = ctx.needs_input_grad
-        g = g.contiguous()
-        U, H = h.shape
-        g_gi, g_gh = torch.empty(U, 3 * H), torch.empty(U, 3 * H)
-        g_h = torch.empty(U, H) if need[2] else None
-        ctx.lib.tgl_gru_bwd(U, H, g.data_ptr(), gh.data_ptr(), h.data_ptr(), saved.data_ptr(),
-                            g_gi.data_ptr(), g_gh.data_ptr(),
-                            None if g_h is None else g_h.data_ptr(), ctx.lib.threads())
+        g_gi, g_gh, g_h = _gates_backward(ctx.lib, g, gh, h, saved, need[2])
         f0 = ctx.f0
         g_x0 = g_gi.mm(w_ih[:, :f0]) if need[0] else None
         g_x1 = g_gi.mm(w_ih[:, f0:]) if need[1] else None
@@ -223,7 +224,7 @@ def gru_cell(x0: Tensor, x1: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih
     lib = KERNEL.get() if _cpu_f32(*ts) else None
     if lib is None:
         gi = F.linear(torch.cat([x0, x1], 1), w_ih, b_ih)
-        return gru_gates(gi, F.linear(h, w_hh, b_hh), h)
+        return _gates_torch(gi, F.linear(h, w_hh, b_hh), h)
     return GRUCell.apply(*ts, lib)
 
 
