@@ -3,9 +3,11 @@
 Reads torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``/``MASTER_PORT``). Started without torchrun it is a world of one
 and initialises no process group, so every example also runs as plain ``python``.
+It also sets the process's memory allocator up for training (:func:`keep_freed_memory`).
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import logging
 import os
@@ -32,6 +34,45 @@ def _restart_store(world_size: int, timeout: datetime.timedelta):
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                          is_master=False, timeout=timeout)
     return dist.PrefixStore(f"tgl_dist/attempt_{restart}", base)
+
+
+# glibc's mallopt parameters (malloc.h) and the environment variables that set them
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_",
+               "GLIBC_TUNABLES")
+_malloc_set: Optional[bool] = None
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for reuse instead of returning it to the kernel.
+
+    A training step allocates the same few-MB temporaries (edge rows, gradients) every
+    step. With glibc's defaults each one larger than the mmap threshold, or freed at the
+    top of the heap, goes back to the kernel when freed, and the next step takes ~500
+    page faults (Wikipedia TGN, batch 200) to get zeroed pages back: 1-2 ms of a 15 ms
+    step on a 2-core VM. This sets ``M_MMAP_THRESHOLD`` to 32 MiB (glibc's largest),
+    ``M_TRIM_THRESHOLD`` to 128 MiB and ``M_TOP_PAD`` to 16 MiB: tensors under 32 MiB
+    come from the heap, and up to 128 MiB of freed heap stays mapped. Peak RSS is that
+    of the largest step either way; memory freed after it is returned later.
+
+    Called once by :meth:`DistributedContext.init`. Does nothing (returns ``False``) off
+    glibc, or when the environment sets malloc's parameters itself (``MALLOC_*_`` or
+    ``GLIBC_TUNABLES``: the user's choice wins), e.g. with jemalloc or tcmalloc preloaded.
+    """
+    global _malloc_set
+    if _malloc_set is None:
+        _malloc_set = False
+        if sys.platform.startswith("linux") and not any(k in os.environ for k in _MALLOC_ENV):
+            try:
+                libc = ctypes.CDLL(None)  # the process's own symbols: glibc's when it is glibc
+            except OSError:
+                libc = None
+            if libc is not None and hasattr(libc, "gnu_get_libc_version"):
+                _malloc_set = all(libc.mallopt(p, v) == 1 for p, v in (
+                    (_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 128 << 20),
+                    (_M_TOP_PAD, 16 << 20)))
+                log.debug("malloc keeps freed memory: %s", _malloc_set)
+    return _malloc_set
 
 
 class DistributedContext:
@@ -82,6 +123,7 @@ class DistributedContext:
         """
         if use_gpu is None:
             use_gpu = torch.cuda.is_available()
+        keep_freed_memory()
         if use_gpu and not torch.cuda.is_available():
             raise ValueError("use_gpu=True but CUDA is not available on this machine")
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
