@@ -170,6 +170,40 @@ def test_layer_attention_dropout_through_the_kernel_is_a_mask_on_the_weights():
 
 
 @needs_kernel
+@pytest.mark.parametrize("dim_edge", [0, 3])
+def test_fused_layer_in_training_equals_the_per_edge_path_with_the_same_masks(dim_edge):
+    """Both dropouts on: the one-node layer (kernel path) draws the attention mask and
+    then the output mask as the differentiable per-edge path does, so under the same
+    seed outputs and every gradient agree; and its graph is one node over the leaves."""
+    torch.manual_seed(0)
+    layer = TemporalAttention(8, dim_edge, 4, 8, num_head=2, dropout=0.3, att_dropout=0.4).train()
+    _, mfgs, _ = make_batch(6, 30, [4], dim_edge=dim_edge, seed=2)
+    b = mfgs[0]
+    rows = torch.randint(0, 7, (b.num_src,))
+    h = torch.randn(7, 8, requires_grad=True)
+    res = []
+    for kernel, padded in ((True, True), (False, False)):
+        layer.use_kernel, layer.padded = kernel, padded
+        torch.manual_seed(11)
+        out = layer(b, h, rows)
+        res.append((out, torch.autograd.grad((out ** 3).sum(), [h] + list(layer.parameters()))))
+        if kernel:
+            assert type(out.grad_fn).__name__ == "AttentionLayerBackward"
+            assert all(f is None or type(f).__name__ == "AccumulateGrad"
+                       for f, _ in out.grad_fn.next_functions)
+    layer.use_kernel = layer.padded = True
+    (o1, g1), (o2, g2) = res
+    assert torch.allclose(o1, o2, atol=1e-5)
+    with torch.no_grad():
+        layer.dropout.eval()  # attention dropout still on: the output mask alone is off
+        torch.manual_seed(11)
+        assert not torch.allclose(layer(b, h, rows), o1, atol=1e-3)  # the output mask acted
+        layer.dropout.train()
+    for a, e in zip(g1, g2):
+        assert torch.allclose(a, e, atol=1e-4, rtol=1e-4)
+
+
+@needs_kernel
 def test_unsorted_edges_fall_back_to_the_torch_path():
     torch.manual_seed(0)
     layer = TemporalAttention(8, 3, 4, 8, num_head=2).eval()

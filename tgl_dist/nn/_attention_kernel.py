@@ -87,48 +87,67 @@ class SegmentAttention(torch.autograd.Function):
     def forward(ctx, qx: Tensor, qb: Optional[Tensor], hs: Optional[Tensor], idx: Optional[Tensor],
                 X: Optional[Tensor], ptr: Tensor, mask: Optional[Tensor], slope: Optional[float],
                 lib, threads: int):
-        D, H, Cx = qx.shape
-        if H > MAX_HEADS:
-            raise ValueError(f"the attention kernel supports at most {MAX_HEADS} heads, got {H}")
-        M = int(ptr[-1])
-        dn = 0 if hs is None else hs.size(1)
-        cx = 0 if X is None else X.size(1)
-        if dn + cx != Cx:
-            raise ValueError(f"qx has width {Cx} but the edge rows have {dn} + {cx}")
         qx, ptr = qx.contiguous(), ptr.contiguous()
         qb, hs, idx, X, mask = (None if t is None else t.contiguous() for t in (qb, hs, idx, X, mask))
-        if dn and (idx is None or idx.numel() != M or (M and not 0 <= int(idx.min()) <= int(idx.max()) < hs.size(0))):
-            raise ValueError(f"idx must hold {M} row numbers of hs (0..{hs.size(0) - 1})")
-        s, alpha = torch.empty(M, H), torch.empty(M, H)
-        aggx, asum = torch.empty(D, H, Cx), torch.empty(D, H)
-        act = 0 if slope is None else 1
-        threads = max(1, int(threads))
-        lib.tgl_att_fwd(D, H, dn, cx, ptr.data_ptr(), qx.data_ptr(), _ptr(qb), _ptr(hs), _ptr(idx),
-                        _ptr(X), _ptr(mask), act, float(slope or 0.0), s.data_ptr(),
-                        alpha.data_ptr(), aggx.data_ptr(), asum.data_ptr(), threads)
+        aggx, asum, s, alpha = segment_forward(lib, threads, qx, qb, hs, idx, X, ptr, mask, slope)
         ctx.save_for_backward(qx, hs, idx, X, ptr, mask, s, alpha)
-        ctx.has_qb, ctx.act, ctx.slope, ctx.lib, ctx.threads = qb is not None, act, slope, lib, threads
+        ctx.has_qb, ctx.slope, ctx.lib, ctx.threads = qb is not None, slope, lib, threads
         return aggx, asum
 
     @staticmethod
     def backward(ctx, g_aggx: Tensor, g_asum: Optional[Tensor]):
         qx, hs, idx, X, ptr, mask, s, alpha = ctx.saved_tensors
-        D, H, Cx = qx.shape
-        M = s.size(0)
-        dn = 0 if hs is None else hs.size(1)
-        cx = 0 if X is None else X.size(1)
-        g_aggx = g_aggx.contiguous() if g_aggx is not None else torch.zeros_like(qx)
-        g_asum = None if g_asum is None else g_asum.contiguous()
-        g_qx = torch.empty_like(qx)
-        g_qb = torch.empty(D, H) if ctx.has_qb else None
-        g_X = None if X is None else torch.empty_like(X)
-        g_xh = torch.empty(M, dn) if dn else None
-        g_hs = torch.empty_like(hs) if dn else None
-        tmp = torch.empty_like(alpha)
-        U = 0 if hs is None else hs.size(0)
-        ctx.lib.tgl_att_bwd(D, H, dn, cx, U, ptr.data_ptr(), qx.data_ptr(), _ptr(hs), _ptr(idx),
-                            _ptr(X), _ptr(mask), ctx.act, float(ctx.slope or 0.0), s.data_ptr(),
-                            alpha.data_ptr(), g_aggx.data_ptr(), _ptr(g_asum), g_qx.data_ptr(),
-                            _ptr(g_qb), _ptr(g_X), _ptr(g_xh), _ptr(g_hs), tmp.data_ptr(),
-                            ctx.threads)
+        g_qx, g_qb, g_hs, g_X = segment_backward(ctx.lib, ctx.threads, qx, ctx.has_qb, hs, idx, X,
+                                                 ptr, mask, ctx.slope, s, alpha, g_aggx, g_asum)
         return g_qx, g_qb, g_hs, None, g_X, None, None, None, None, None
+
+
+def segment_forward(lib, threads: int, qx: Tensor, qb: Optional[Tensor], hs: Optional[Tensor],
+                    idx: Optional[Tensor], X: Optional[Tensor], ptr: Tensor, mask: Optional[Tensor],
+                    slope: Optional[float]):
+    """The kernel's forward, no autograd, on contiguous tensors: ``(aggx, asum, s, alpha)``
+    (``s``, ``alpha [M, H]``: the scores and weights :func:`segment_backward` needs)."""
+    D, H, Cx = qx.shape
+    if H > MAX_HEADS:
+        raise ValueError(f"the attention kernel supports at most {MAX_HEADS} heads, got {H}")
+    M = int(ptr[-1])
+    dn = 0 if hs is None else hs.size(1)
+    cx = 0 if X is None else X.size(1)
+    if dn + cx != Cx:
+        raise ValueError(f"qx has width {Cx} but the edge rows have {dn} + {cx}")
+    if dn and (idx is None or idx.numel() != M or (M and not 0 <= int(idx.min()) <= int(idx.max()) < hs.size(0))):
+        raise ValueError(f"idx must hold {M} row numbers of hs (0..{hs.size(0) - 1})")
+    s, alpha = torch.empty(M, H), torch.empty(M, H)
+    aggx, asum = torch.empty(D, H, Cx), torch.empty(D, H)
+    lib.tgl_att_fwd(D, H, dn, cx, ptr.data_ptr(), qx.data_ptr(), _ptr(qb), _ptr(hs), _ptr(idx),
+                    _ptr(X), _ptr(mask), 0 if slope is None else 1, float(slope or 0.0),
+                    s.data_ptr(), alpha.data_ptr(), aggx.data_ptr(), asum.data_ptr(),
+                    max(1, int(threads)))
+    return aggx, asum, s, alpha
+
+
+def segment_backward(lib, threads: int, qx: Tensor, has_qb: bool, hs: Optional[Tensor],
+                     idx: Optional[Tensor], X: Optional[Tensor], ptr: Tensor,
+                     mask: Optional[Tensor], slope: Optional[float], s: Tensor, alpha: Tensor,
+                     g_aggx: Optional[Tensor], g_asum: Optional[Tensor]):
+    """``(g_qx, g_qb or None, g_hs or None, g_X or None)`` from the forward's inputs and
+    ``s, alpha`` and the outputs' gradients (``None``: zero)."""
+    D, H, Cx = qx.shape
+    M = s.size(0)
+    dn = 0 if hs is None else hs.size(1)
+    cx = 0 if X is None else X.size(1)
+    g_aggx = g_aggx.contiguous() if g_aggx is not None else torch.zeros_like(qx)
+    g_asum = None if g_asum is None else g_asum.contiguous()
+    g_qx = torch.empty_like(qx)
+    g_qb = torch.empty(D, H) if has_qb else None
+    g_X = None if X is None else torch.empty_like(X)
+    g_xh = torch.empty(M, dn) if dn else None
+    g_hs = torch.empty_like(hs) if dn else None
+    tmp = torch.empty_like(alpha)
+    U = 0 if hs is None else hs.size(0)
+    lib.tgl_att_bwd(D, H, dn, cx, U, ptr.data_ptr(), qx.data_ptr(), _ptr(hs), _ptr(idx), _ptr(X),
+                    _ptr(mask), 0 if slope is None else 1, float(slope or 0.0), s.data_ptr(),
+                    alpha.data_ptr(), g_aggx.data_ptr(), _ptr(g_asum), g_qx.data_ptr(),
+                    _ptr(g_qb), _ptr(g_X), _ptr(g_xh), _ptr(g_hs), tmp.data_ptr(),
+                    max(1, int(threads)))
+    return g_qx, g_qb, g_hs, g_X

@@ -71,38 +71,53 @@ class CosineTimeEncoding(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, dt: Tensor, w: Tensor, b: Tensor, lib, prefix: Optional[Tensor] = None) -> Tensor:
-        dt, w, b = dt.contiguous(), w.contiguous(), b.contiguous()
-        M, d = dt.numel(), w.numel()
-        F = 0 if prefix is None else prefix.size(1)
-        out = torch.empty(M, F + d)
-        if F:
-            out[:, :F] = prefix
-        sinz = torch.empty(M, d) if any(ctx.needs_input_grad[:3]) else None
-        lib.tgl_time_enc_fwd(M, d, dt.data_ptr(), w.data_ptr(), b.data_ptr(),
-                             out[:, F:].data_ptr(), F + d,
-                             None if sinz is None else sinz.data_ptr(), lib.threads())
+        dt, w = dt.contiguous(), w.contiguous()
+        out, sinz = time_encoding_forward(lib, dt, w, b, prefix, any(ctx.needs_input_grad[:3]))
         ctx.save_for_backward(dt, w, sinz)
-        ctx.lib, ctx.F = lib, F
+        ctx.lib, ctx.F = lib, 0 if prefix is None else prefix.size(1)
         return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
         dt, w, sinz = ctx.saved_tensors
-        M, d, F = dt.numel(), w.numel(), ctx.F
-        if sinz is None:  # only the prefix wanted a gradient
-            return None, None, None, None, (g[:, :F] if ctx.needs_input_grad[4] else None)
-        if g.stride(1) != 1 or (M > 1 and g.stride(0) < F + d):
-            g = g.contiguous()
-        gw, gb = torch.empty(d), torch.empty(d)
-        gdt = torch.empty(M) if ctx.needs_input_grad[0] else None
-        acc = torch.empty(ctx.lib.tgl_time_enc_bwd_scratch(M, d), dtype=torch.float64)
-        ctx.lib.tgl_time_enc_bwd(M, d, dt.data_ptr(), w.data_ptr(), sinz.data_ptr(),
-                                 g[:, F:].data_ptr(), g.stride(0) if M else F + d,
-                                 gw.data_ptr(), gb.data_ptr(),
-                                 None if gdt is None else gdt.data_ptr(), acc.data_ptr(),
-                                 ctx.lib.threads())
+        F = ctx.F
         g_prefix = g[:, :F] if F and ctx.needs_input_grad[4] else None
+        if sinz is None:  # only the prefix wanted a gradient
+            return None, None, None, None, g_prefix
+        gdt, gw, gb = time_encoding_backward(ctx.lib, g, F, dt, w, sinz, ctx.needs_input_grad[0])
         return gdt, gw, gb, None, g_prefix
+
+
+def time_encoding_forward(lib, dt: Tensor, w: Tensor, b: Tensor, prefix: Optional[Tensor],
+                          keep_sin: bool):
+    """The kernel's forward of :class:`CosineTimeEncoding`, no autograd: ``(out [M, F + d],
+    sin(z) [M, d] or None)`` from contiguous ``dt [M]``, ``w [d]``."""
+    b = b.contiguous()
+    M, d = dt.numel(), w.numel()
+    F = 0 if prefix is None else prefix.size(1)
+    out = torch.empty(M, F + d)
+    if F:
+        out[:, :F] = prefix
+    sinz = torch.empty(M, d) if keep_sin else None
+    lib.tgl_time_enc_fwd(M, d, dt.data_ptr(), w.data_ptr(), b.data_ptr(), out[:, F:].data_ptr(),
+                         F + d, None if sinz is None else sinz.data_ptr(), lib.threads())
+    return out, sinz
+
+
+def time_encoding_backward(lib, g: Tensor, F: int, dt: Tensor, w: Tensor, sinz: Tensor,
+                           want_dt: bool):
+    """``(g_dt [M] or None, g_w [d], g_b [d])`` from the gradient ``g [M, F + d]`` of the
+    forward's output (columns ``F..`` are the encoding's) and its kept ``sinz``."""
+    M, d = dt.numel(), w.numel()
+    if g.stride(1) != 1 or (M > 1 and g.stride(0) < F + d):
+        g = g.contiguous()
+    gw, gb = torch.empty(d), torch.empty(d)
+    gdt = torch.empty(M) if want_dt else None
+    acc = torch.empty(lib.tgl_time_enc_bwd_scratch(M, d), dtype=torch.float64)
+    lib.tgl_time_enc_bwd(M, d, dt.data_ptr(), w.data_ptr(), sinz.data_ptr(), g[:, F:].data_ptr(),
+                         g.stride(0) if M else F + d, gw.data_ptr(), gb.data_ptr(),
+                         None if gdt is None else gdt.data_ptr(), acc.data_ptr(), lib.threads())
+    return gdt, gw, gb
 
 
 def cosine_time_encoding(dt: Tensor, w: Tensor, b: Tensor,

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgl_dist.nn._attention_kernel import SegmentAttention, get_attention_kernel, kernel_usable
+from tgl_dist.nn._attention_layer import AttentionLayer, attention_layer
+from tgl_dist.nn._pointwise import KERNEL as POINTWISE
 from tgl_dist.nn._pointwise import Dropout, dropout_mask
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
@@ -313,10 +315,36 @@ class TemporalAttention(nn.Module):
         x = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
         return x.view(D, K, -1)
 
+    def _fused(self, block: Block, h: Tensor, rows: Optional[Tensor], seg) -> Optional[Tensor]:
+        """The whole layer as one autograd node (:class:`AttentionLayer`) on the kernel
+        path, or ``None`` when it does not apply (no node input, no pointwise kernel)."""
+        pw = POINTWISE.get() if self.dim_node else None
+        if pw is None:
+            return None
+        D, M = block.num_dst, block.num_edges
+        src = block.edge_index[0]
+        idx = src if rows is None else rows.index_select(0, src)
+        dst_rows = torch.arange(D) if rows is None else rows[:D]
+        att_mask = _mask(self.att_dropout, (M, self.num_head), h)
+        out_mask = _mask(self.dropout, (D, self.dim_out), h)
+        f = block.edata["f"].float() if self.dim_edge else None
+        te, ln = self.time_enc.w, self.layer_norm
+        args = (h, dst_rows, idx, block.edata["dt"].float(), f, seg[1], att_mask, out_mask,
+                self.num_head, (seg[0], pw), te.weight, te.bias, self.w_q.weight, self.w_q.bias,
+                self.w_kv.weight, self.w_kv.bias, self.w_out.weight, self.w_out.bias, ln.weight,
+                ln.bias, ln.eps)
+        if torch.is_grad_enabled():
+            return AttentionLayer.apply(*args)
+        return attention_layer(*args)[0]
+
     def forward(self, block: Block, h: Tensor, rows: Optional[Tensor] = None) -> Tensor:
         D, M, H = block.num_dst, block.num_edges, self.num_head
-        h_dst = h[:D] if rows is None else h.index_select(0, rows[:D])
         seg = self._segment(block, h, rows) if M else None
+        if seg is not None:
+            out = self._fused(block, h, rows, seg)
+            if out is not None:
+                return out
+        h_dst = h[:D] if rows is None else h.index_select(0, rows[:D])
         layout = padded_layout(block) if self.padded and seg is None else None
         if M == 0:
             agg = h.new_zeros((D, self.dim_out))
@@ -362,6 +390,15 @@ class TemporalAttention(nn.Module):
         else:
             out = F.linear(agg, self.w_out.weight, self.w_out.bias)
         return self.layer_norm(F.relu(self.dropout(out)))
+
+
+def _mask(drop: nn.Module, shape, like: Tensor) -> Optional[Tensor]:
+    """The multipliers ``drop`` would apply to a tensor of ``shape`` (``None``: none),
+    drawn as :func:`tgl_dist.nn._pointwise.dropout` draws them."""
+    if not (drop.training and drop.p > 0):
+        return None
+    mask = dropout_mask(shape, drop.p, like)
+    return mask if mask is not None else F.dropout(like.new_ones(shape), drop.p, True)
 
 
 def _is_tail_range(src: Tensor, D: int, M: int, S: int) -> bool:

@@ -1,0 +1,159 @@
+"""TGL's temporal attention layer (:class:`tgl_dist.nn.TemporalAttention`) as ONE autograd node.
+
+Written with torch's differentiable ops, the layer's forward records about 45 autograd
+nodes (views, transposes, splits, products, the kernel, dropout, LayerNorm), and its
+backward runs each one's bookkeeping and small operator calls. :class:`AttentionLayer`
+runs the same forward without recording and writes the backward out: the same
+products, straight into the parameters' gradients. It computes what the differentiable
+form computes (``tests/models/test_attention_kernel.py`` compares it with the padded and
+per-edge torch paths, values and gradients). See the layer's docstring for the math.
+
+Shapes (D destinations, M edges in destination order, U node rows, H heads, d the
+output size, ``c = d / H``, edge rows ``C = dn + de + dt`` wide)::
+
+    h        [U, dn]   node rows; destination i reads row dst_rows[i], edge e row idx[e]
+    dt       [M]       edge ages;  f [M, de] edge features (or None)
+    ->       [D, d]    LayerNorm(ReLU(Dropout(W_o [sum_j a_ij v_j || h_i] + b_o)))
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from tgl_dist.nn._attention_kernel import segment_backward, segment_forward
+from tgl_dist.nn._pointwise import time_encoding_backward, time_encoding_forward
+
+
+class AttentionLayer(torch.autograd.Function):
+    """``apply(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, num_head, kernels, te_w,
+    te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps) -> [D, d]``.
+
+    ``dst_rows [D]``, ``idx [M]`` int64 rows of ``h``; ``ptr [D + 1]`` CSR offsets of the
+    edges (:func:`tgl_dist.nn.attention.csr_offsets`); ``att_mask [M, H]`` and ``out_mask
+    [D, d]`` dropout multipliers (or ``None``); ``kernels = (attention lib, pointwise
+    lib)``. The rest are the layer's parameters: time encoding ``w [dt, 1]``, ``b [dt]``;
+    ``W_q [d, dn + dt]``, ``b_q``; ``W_kv [2d, C]``, ``b_kv``; ``W_o [d, d + dn]``, ``b_o``;
+    LayerNorm weight, bias and eps. Scores use LeakyReLU(0.2), as TGL. Gradients flow to
+    ``h`` and the parameters (float32, CPU, ``dn > 0``).
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Optional[Tensor],
+                ptr: Tensor, att_mask: Optional[Tensor], out_mask: Optional[Tensor],
+                num_head: int, kernels, te_w: Tensor, te_b: Tensor, w_q: Tensor, b_q: Tensor,
+                w_kv: Tensor, b_kv: Tensor, w_o: Tensor, b_o: Tensor, ln_w: Tensor, ln_b: Tensor,
+                ln_eps: float) -> Tensor:
+        keep_sin = ctx.needs_input_grad[10] or ctx.needs_input_grad[11]
+        z, saved = attention_layer(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, num_head,
+                                   kernels, te_w, te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w,
+                                   ln_b, ln_eps, keep_sin)
+        ctx.save_for_backward(*saved)
+        ctx.H, ctx.kernels, ctx.de = num_head, kernels, 0 if f is None else f.size(1)
+        return z
+
+    @staticmethod
+    def backward(ctx, gz: Tensor):
+        (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s, alpha,
+         agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w,
+         ln_b) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        att, pw = ctx.kernels
+        H, de = ctx.H, ctx.de
+        D, d, dn = q.size(0), q.size(1), h.size(1)
+        c, dtd = d // H, te_w.numel()
+        # LayerNorm, ReLU and dropout
+        gr, g_lnw, g_lnb = torch.ops.aten.native_layer_norm_backward(
+            gz.contiguous(), r, [d], mean, rstd, ln_w, ln_b, [True, need[18], need[19]])
+        go = torch.ops.aten.threshold_backward(gr, r, 0.0)
+        if out_mask is not None:
+            go = go * out_mask
+        # o = W_o [v || h_dst] + b_o
+        g_wo = go.t().mm(vh)
+        g_bo = go.sum(0)
+        g_vh = go.mm(w_o)                                                      # [D, d + dn]
+        gv, g_hdst = g_vh[:, :d], g_vh[:, d:]
+        h_dst = vh[:, d:]
+        # v_j = W_v,j agg_j + b_v,j asum_j
+        w_k, w_v = w_kv.split([d, d], 0)
+        b_k, b_v = b_kv.split([d, d], 0)
+        g_wkv, g_bkv = torch.empty_like(w_kv), torch.empty_like(b_kv)
+        g_agg, g_asum = torch.empty_like(agg), torch.empty_like(asum)
+        for j in range(H):
+            sj, sv = slice(j * c, (j + 1) * c), slice(d + j * c, d + (j + 1) * c)
+            gvj = gv[:, sj]
+            torch.mm(gvj.t(), agg[:, j], out=g_wkv[sv])
+            torch.mm(gvj, w_v[sj], out=g_agg[:, j])
+            torch.mv(gvj.t(), asum[:, j], out=g_bkv[sv])
+            torch.mv(gvj, b_v[sj], out=g_asum[:, j])
+        g_qk, g_qb, g_h, g_x = segment_backward(att, att.threads(), qk, True, h, idx, x, ptr,
+                                                att_mask, 0.2, s, alpha, g_agg, g_asum)
+        # qk_j = W_k,j^T q_j, qb_j = q_j . b_k,j
+        g_q = torch.empty(D, d)
+        for j in range(H):
+            sj = slice(j * c, (j + 1) * c)
+            torch.addmm(g_qb[:, j:j + 1] * b_k[sj], g_qk[:, j], w_k[sj].t(), out=g_q[:, sj])
+            torch.mm(q[:, sj].t(), g_qk[:, j], out=g_wkv[sj])
+            torch.mv(q[:, sj].t(), g_qb[:, j], out=g_bkv[sj])
+        # q = W_qh h_dst + W_qt cos(b) + b_q
+        w_qh, w_qt = w_q.split([dn, dtd], 1)
+        g_wq = torch.empty_like(w_q)
+        torch.mm(g_q.t(), h_dst, out=g_wq[:, :dn])
+        g_bq = g_q.sum(0)
+        torch.outer(g_bq, c0, out=g_wq[:, dn:])
+        g_hdst.addmm_(g_q, w_qh)
+        g_h.index_add_(0, dst_rows, g_hdst)
+        # time encoding: the edges' rows and phi(0)
+        g_tew = g_teb = None
+        if sinz is not None:
+            _, g_tew, g_teb = time_encoding_backward(pw, g_x, de, dt, te_w.view(-1), sinz, False)
+            g_teb.addcmul_(torch.sin(te_b), w_qt.t().mv(g_bq), value=-1.0)
+            g_tew = g_tew.view_as(te_w)
+        return (g_h, None, None, None, None, None, None, None, None, None, g_tew, g_teb,
+                g_wq if need[12] else None, g_bq if need[13] else None,
+                g_wkv if need[14] else None, g_bkv if need[15] else None,
+                g_wo if need[16] else None, g_bo if need[17] else None, g_lnw, g_lnb, None)
+
+
+def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Optional[Tensor],
+                    ptr: Tensor, att_mask: Optional[Tensor], out_mask: Optional[Tensor],
+                    num_head: int, kernels, te_w: Tensor, te_b: Tensor, w_q: Tensor, b_q: Tensor,
+                    w_kv: Tensor, b_kv: Tensor, w_o: Tensor, b_o: Tensor, ln_w: Tensor,
+                    ln_b: Tensor, ln_eps: float, keep_sin: bool = False):
+    """:class:`AttentionLayer`'s forward without autograd (the layer in evaluation calls it
+    directly): ``(out [D, d], what the backward needs)``; ``keep_sin``: keep the time
+    encoding's ``sin(z)`` for its gradient."""
+    att, pw = kernels
+    H, D, dn = num_head, dst_rows.numel(), h.size(1)
+    d, dtd = w_q.size(0), te_w.numel()
+    c = d // H
+    h = h.contiguous()
+    # [v || h_dst]: the output product's input, one [D, d + dn] matrix
+    vh = torch.empty(D, d + dn)
+    h_dst = vh[:, d:]
+    torch.index_select(h, 0, dst_rows, out=h_dst)
+    # edge rows [f || phi(dt)]; the query's time part is phi(0) = cos(b)
+    x, sinz = time_encoding_forward(pw, dt.contiguous(), te_w.view(-1), te_b, f, keep_sin)
+    c0 = torch.cos(te_b)
+    w_qh, w_qt = w_q.split([dn, dtd], 1)
+    q = torch.addmm(torch.addmv(b_q, w_qt, c0), h_dst, w_qh.t())          # [D, d]
+    # q . k_e = (W_k,j^T q_j) . x_e + q_j . b_k,j per head j (no per-edge keys)
+    w_k, w_v = w_kv.split([d, d], 0)
+    b_k, b_v = b_kv.split([d, d], 0)
+    qk = torch.empty(D, H, w_kv.size(1))
+    for j in range(H):
+        torch.mm(q[:, j * c:(j + 1) * c], w_k[j * c:(j + 1) * c], out=qk[:, j])
+    qb = (q.view(D, H, c) * b_k.view(H, c)).sum(-1)                       # [D, H]
+    agg, asum, s, alpha = segment_forward(att, att.threads(), qk, qb, h, idx, x, ptr,
+                                          att_mask, 0.2)
+    # sum_e a_e v_e = W_v,j agg_j + b_v,j asum_j per head
+    for j in range(H):
+        torch.addmm(asum[:, j:j + 1] * b_v[j * c:(j + 1) * c], agg[:, j],
+                    w_v[j * c:(j + 1) * c].t(), out=vh[:, j * c:(j + 1) * c])
+    o = torch.addmm(b_o, vh, w_o.t())
+    r = torch.relu(o if out_mask is None else o * out_mask)
+    z, mean, rstd = torch.native_layer_norm(r, [d], ln_w, ln_b, ln_eps)
+    return z, (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s,
+               alpha, agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b)
+
