@@ -242,6 +242,10 @@ class TemporalAttention(nn.Module):
         ``h[rows[i]]``: products with ``h`` are then computed once per distinct row);
         returns ``[D, dim_out]`` for the block's destinations. Edge-feature products
         are computed once per distinct event id.
+
+    On CPU float32 with the compiled kernels (and node input) the layer runs as one
+    autograd node with a written-out backward (:class:`AttentionLayer`); the torch forms
+    (``use_kernel = False``, ``padded = False``) compute the same values and gradients.
     """
 
     def __init__(self, dim_node: int, dim_edge: int, dim_time: int, dim_out: int,
@@ -317,9 +321,12 @@ class TemporalAttention(nn.Module):
 
     def _fused(self, block: Block, h: Tensor, rows: Optional[Tensor], seg) -> Optional[Tensor]:
         """The whole layer as one autograd node (:class:`AttentionLayer`) on the kernel
-        path, or ``None`` when it does not apply (no node input, no pointwise kernel)."""
+        path, or ``None`` when it does not apply (no node input, no pointwise kernel, or
+        edge inputs that want a gradient: the node gives none to them)."""
         pw = POINTWISE.get() if self.dim_node else None
-        if pw is None:
+        f = block.edata["f"].float() if self.dim_edge else None
+        dt = block.edata["dt"].float()
+        if pw is None or dt.requires_grad or (f is not None and f.requires_grad):
             return None
         D, M = block.num_dst, block.num_edges
         src = block.edge_index[0]
@@ -327,9 +334,8 @@ class TemporalAttention(nn.Module):
         dst_rows = torch.arange(D) if rows is None else rows[:D]
         att_mask = _mask(self.att_dropout, (M, self.num_head), h)
         out_mask = _mask(self.dropout, (D, self.dim_out), h)
-        f = block.edata["f"].float() if self.dim_edge else None
         te, ln = self.time_enc.w, self.layer_norm
-        args = (h, dst_rows, idx, block.edata["dt"].float(), f, seg[1], att_mask, out_mask,
+        args = (h, dst_rows, idx, dt, f, seg[1], att_mask, out_mask,
                 self.num_head, (seg[0], pw), te.weight, te.bias, self.w_q.weight, self.w_q.bias,
                 self.w_kv.weight, self.w_kv.bias, self.w_out.weight, self.w_out.bias, ln.weight,
                 ln.bias, ln.eps)
