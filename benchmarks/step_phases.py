@@ -31,7 +31,10 @@ module's ``f``; e.g. ::
         --swap tgl_dist.nn.time_encoding:cosine_time_encoding \
         --swap tgl_dist.memory.mailbox:SharedMailBox.update
 
-``--profile`` adds the torch profiler's table of operators (self CPU time).
+``--profile`` adds the torch profiler's table of operators (self CPU time). Each mode's
+line also gives the process's minor page faults per step (memory the allocator had
+returned to the kernel and gets back zeroed; see ``keep_freed_memory`` in
+``tgl_dist/context.py``).
 The last line is one JSON object.
 """
 from __future__ import annotations
@@ -42,6 +45,7 @@ import importlib
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -158,7 +162,7 @@ def main() -> None:
     it = iter(loader)
     modes = ("torch_threads", "one_thread") if not swaps else ("base", "working_tree")
     sums = {m: dict.fromkeys(PHASES, 0.0) for m in modes}
-    counts = dict.fromkeys(sums, 0)
+    counts, faults = dict.fromkeys(sums, 0), dict.fromkeys(sums, 0)
     prof = None
     for i in range(args.warmup + args.steps):
         if swaps:
@@ -173,6 +177,7 @@ def main() -> None:
         if i == args.warmup and args.profile:
             prof = torch.profiler.profile()
             prof.__enter__()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t = [time.perf_counter()]
         roots, mfgs, meta, _ = next(it)
         t.append(time.perf_counter())
@@ -190,6 +195,7 @@ def main() -> None:
         t.append(time.perf_counter())
         if i >= args.warmup:
             counts[mode] += 1
+            faults[mode] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             for p, a, b in zip(PHASES, t, t[1:]):
                 sums[mode][p] += b - a
     for k in kernels:
@@ -207,10 +213,12 @@ def main() -> None:
         ms = {p: 1e3 * v / n for p, v in sums[mode].items()}
         total = sum(ms.values())
         print(f"{mode:13s} ({n} steps): " + "  ".join(f"{p} {v:.2f}" for p, v in ms.items())
-              + f"  | step {total:.2f} ms ({bs * 1e3 / total:.0f} events/s)")
+              + f"  | step {total:.2f} ms ({bs * 1e3 / total:.0f} events/s, "
+              f"{faults[mode] / n:.0f} page faults)")
         key = {"torch_threads": "", "working_tree": ""}.get(mode, f"{mode}_")
         res.update({f"{key}{p}_ms": round(v, 3) for p, v in ms.items()})
         res[f"{key}step_ms"] = round(total, 3)
+        res[f"{key}page_faults_per_step"] = round(faults[mode] / n, 1)
     print(json.dumps(res))
 
 
