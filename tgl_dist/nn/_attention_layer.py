@@ -17,13 +17,29 @@ output size, ``c = d / H``, edge rows ``C = dn + de + dt`` wide)::
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from tgl_dist.nn._attention_kernel import segment_backward, segment_forward
 from tgl_dist.nn._pointwise import time_encoding_backward, time_encoding_forward
+
+
+def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
+                ) -> Tuple[Tensor, Optional[Tensor]]:
+    """The query side of ``q . k_j = (W_k^T q) . x_j + q . b_k``, per destination and head.
+
+    ``q [D, d]``, ``w_k [d, C]``, ``b_k [d]`` or ``None`` -> ``(W_k,h^T q_h [D, H, C],
+    q_h . b_k,h [D, H] or None)``.
+    """
+    D, d = q.shape
+    H, C = num_head, w_k.size(1)
+    c = d // H
+    qh = q.view(D, H, c).transpose(0, 1)                                    # [H, D, c]
+    qk = torch.bmm(qh, w_k.view(H, c, C)).transpose(0, 1).contiguous()     # [D, H, C]
+    qb = None if b_k is None else (q.view(D, H, c) * b_k.view(H, c)).sum(-1)
+    return qk, qb
 
 
 class AttentionLayer(torch.autograd.Function):
@@ -141,10 +157,7 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
     # q . k_e = (W_k,j^T q_j) . x_e + q_j . b_k,j per head j (no per-edge keys)
     w_k, w_v = w_kv.split([d, d], 0)
     b_k, b_v = b_kv.split([d, d], 0)
-    qk = torch.empty(D, H, w_kv.size(1))
-    for j in range(H):
-        torch.mm(q[:, j * c:(j + 1) * c], w_k[j * c:(j + 1) * c], out=qk[:, j])
-    qb = (q.view(D, H, c) * b_k.view(H, c)).sum(-1)                       # [D, H]
+    qk, qb = query_terms(q, w_k, b_k, H)                                 # [D, H, C], [D, H]
     agg, asum, s, alpha = segment_forward(att, att.threads(), qk, qb, h, idx, x, ptr,
                                           att_mask, 0.2)
     # sum_e a_e v_e = W_v,j agg_j + b_v,j asum_j per head

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgl_dist.nn._attention_kernel import SegmentAttention, get_attention_kernel, kernel_usable
-from tgl_dist.nn._attention_layer import AttentionLayer, attention_layer
+from tgl_dist.nn._attention_layer import AttentionLayer, attention_layer, query_terms
 from tgl_dist.nn._pointwise import KERNEL as POINTWISE
 from tgl_dist.nn._pointwise import Dropout, dropout_mask
 from tgl_dist.nn.time_encoding import TimeEncode
@@ -79,22 +79,6 @@ def csr_offsets(block: Block) -> Optional[Tensor]:
     return ptr
 
 
-def _query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
-                 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The query side of ``q . k_j = (W_k^T q) . x_j + q . b_k``, per destination and head.
-
-    ``q [D, d]``, ``w_k [d, C]``, ``b_k [d]`` or ``None`` -> ``(W_k,h^T q_h [D, H, C],
-    q_h . b_k,h [D, H] or None)``.
-    """
-    D, d = q.shape
-    H, C = num_head, w_k.size(1)
-    c = d // H
-    qh = q.view(D, H, c).transpose(0, 1)                                    # [H, D, c]
-    qk = torch.bmm(qh, w_k.view(H, c, C)).transpose(0, 1).contiguous()     # [D, H, C]
-    qb = None if b_k is None else (q.view(D, H, c) * b_k.view(H, c)).sum(-1)
-    return qk, qb
-
-
 def _value_out(agg: Tensor, asum: Tensor, w_v: Tensor, b_v: Optional[Tensor]) -> Tensor:
     """``sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v sum_j a_j`` per head, heads concatenated.
 
@@ -132,7 +116,7 @@ def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
         ``[D, d]``; zero for a destination without edges.
     """
     M, H = x.size(0), num_head
-    qk, qb = _query_terms(q, w_k, b_k, H)                                   # [D, H, C], [D, H]
+    qk, qb = query_terms(q, w_k, b_k, H)                                   # [D, H, C], [D, H]
     mask = None
     if att_dropout.training and att_dropout.p > 0:
         mask = dropout_mask((M, H), att_dropout.p, x)
@@ -211,7 +195,7 @@ def padded_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
         ``[D, d]``; zero for a destination without edges.
     """
     K, H = xp.size(1), num_head
-    qk, qb = _query_terms(q, w_k, b_k, H)                                  # [D, H, C], [D, H]
+    qk, qb = query_terms(q, w_k, b_k, H)                                  # [D, H, C], [D, H]
     scores = _PaddedScores.apply(xp, qk)                                   # [D, K, H]
     if qb is not None:
         scores = scores + qb.unsqueeze(1)
