@@ -77,6 +77,45 @@ def test_mail_time_delta_is_per_node_and_stamps_memory_with_the_folded_mail():
         assert float(mb.mail_ts[n, 0]) == float(times[ends == n].max())
 
 
+def test_mails_that_start_with_the_memory_use_the_own_state_cell(monkeypatch):
+    """TGN's mails begin with the receiver's memory (both written by the same update); the
+    GRU then reads that part from the memory with merged products. Same memory, loss and
+    gradients as the cell on the whole mail."""
+    from tgl_dist.memory import updaters
+    from tgl_dist.models import link_loss
+    torch.manual_seed(0)
+    cfg = parse_config(CFG)
+    model = build_model(cfg)
+    roots, mfgs, meta = make_batch(8, 6, [4], seed=2)
+    mb = SharedMailBox(6, cfg.memory, 0)
+    mb.memory.normal_()
+    mb.mailbox.normal_()
+    dm = mb.memory.size(1)
+    mb.mailbox[:, 0, :dm] = mb.memory   # as the mailbox's own updates leave them
+    mb.mail_ts[:, 0] = torch.arange(6, dtype=torch.float64) + 50
+    mb.memory_ts[:] = torch.arange(6, dtype=torch.float64) + 10
+    mb.prepare_input(mfgs)
+    with torch.no_grad():   # an update writes both and keeps it so
+        mb.update(model(mfgs, meta).memory, roots, meta["src_pos_index"], meta["dst_pos_index"])
+    assert torch.equal(mb.mailbox[:, 0, :dm], mb.memory)
+    calls, results = [], []
+    real = updaters._starts_with
+    for own in (True, False):
+        monkeypatch.setattr(updaters, "_starts_with",
+                            lambda a, b, own=own: calls.append(real(a, b)) or own)
+        _, mfgs, _ = make_batch(8, 6, [4], seed=2)
+        mb.prepare_input(mfgs)
+        model.zero_grad()
+        out = model(mfgs, meta)
+        link_loss(*out).backward()
+        results.append((out.memory, [p.grad.clone() for p in model.parameters()]))
+    assert calls == [True, True]
+    (m1, g1), (m2, g2) = results
+    assert torch.allclose(m1, m2, atol=1e-6)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
 def test_mail_time_delta_needs_a_cell_updater():
     raw = {**CFG, "memory": {**CFG["memory"], "memory_update": "transformer", "mailbox_size": 2}}
     with pytest.raises(ConfigError, match="memory.time_delta"):

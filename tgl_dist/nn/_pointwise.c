@@ -29,7 +29,7 @@
  */
 #include <stdint.h>
 
-#define TGL_PW_ABI 5
+#define TGL_PW_ABI 6
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx2,fma", "default")))
@@ -188,6 +188,9 @@ void tgl_time_enc_bwd(int64_t M, int64_t d, const float *dt, const float *w, con
  * gh = W_hh h + b_hh, both [U, 3H] laid out (r | z | n):
  *     r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z + gh_z), n = tanh(gi_n + r gh_n)
  *     h' = n + z (h - n)
+ * With rz_in_gi the caller has summed the r and z parts already (gi_r + gh_r, gi_z + gh_z
+ * in gi) and gh holds only gh_n: the cell whose input starts with h itself computes those
+ * sums in one product (tgl_dist/nn/_pointwise.py, GRUCell).
  * exp is evaluated branch-free so the loops vectorise: e^x = 2^k e^f, k = rint(x / ln 2),
  * f = x - k ln 2 (ln 2 in two parts), e^f by its Taylor polynomial to f^7 (|f| <= 0.347:
  * relative error < 2e-8 before float rounding); x is clamped to [-87, 88] (e^x then stays
@@ -208,15 +211,23 @@ static inline float tanh_f(float x) { return 1.0f - 2.0f / (exp_f(2.0f * x) + 1.
 
 TGL_CLONES
 static void gru_fwd_rows(int64_t i0, int64_t i1, int64_t H, const float *restrict gi,
-                         const float *restrict gh, const float *restrict h,
-                         float *restrict out, float *restrict saved) {
+                         const float *restrict gh, int64_t ldh, int rz_in_gi,
+                         const float *restrict h, float *restrict out, float *restrict saved) {
+  /* rz_in_gi: gi's r and z parts already hold the hidden-to-hidden terms and a row of gh
+   * is only the H-wide n part (row stride ldh) */
+  const int64_t bn = rz_in_gi ? 0 : 2 * H;
   for (int64_t i = i0; i < i1; ++i) {
-    const float *a = gi + i * 3 * H, *b = gh + i * 3 * H, *hi = h + i * H;
+    const float *a = gi + i * 3 * H, *b = gh + i * ldh, *hi = h + i * H;
     float *o = out + i * H, *sv = saved + i * 3 * H;
+    if (rz_in_gi) {
+      for (int64_t j = 0; j < H; ++j) { sv[j] = a[j]; sv[H + j] = a[H + j]; }
+    } else {
+      for (int64_t j = 0; j < H; ++j) { sv[j] = a[j] + b[j]; sv[H + j] = a[H + j] + b[H + j]; }
+    }
     for (int64_t j = 0; j < H; ++j) {
-      const float r = sigmoid_f(a[j] + b[j]);
-      const float z = sigmoid_f(a[H + j] + b[H + j]);
-      const float n = tanh_f(a[2 * H + j] + r * b[2 * H + j]);
+      const float r = sigmoid_f(sv[j]);
+      const float z = sigmoid_f(sv[H + j]);
+      const float n = tanh_f(a[2 * H + j] + r * b[bn + j]);
       sv[j] = r; sv[H + j] = z; sv[2 * H + j] = n;
       o[j] = n + z * (hi[j] - n);
     }
@@ -227,47 +238,61 @@ static void gru_fwd_rows(int64_t i0, int64_t i1, int64_t H, const float *restric
  * (three exps and ~11 floats read or written, against one cosine) */
 #define GRU_COST 8
 
-/* out: [U, H]; saved: [U, 3H] (r, z, n for the backward) */
-void tgl_gru_fwd(int64_t U, int64_t H, const float *gi, const float *gh, const float *h,
-                 float *out, float *saved, int threads) {
+/* out: [U, H]; saved: [U, 3H] (r, z, n for the backward); gh: rows of ldh floats, [r|z|n]
+ * parts (3H) or, with rz_in_gi, the n part only (H) */
+void tgl_gru_fwd(int64_t U, int64_t H, const float *gi, const float *gh, int64_t ldh,
+                 int rz_in_gi, const float *h, float *out, float *saved, int threads) {
   const int64_t nb = nblocks(U);
   int64_t k;
 #pragma omp parallel for num_threads(workers(threads, U * H * GRU_COST, nb)) schedule(static)
   for (k = 0; k < nb; ++k)
-    gru_fwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, gi, gh, h, out, saved);
+    gru_fwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, gi, gh, ldh,
+                 rz_in_gi, h, out, saved);
 }
 
 TGL_CLONES
 static void gru_bwd_rows(int64_t i0, int64_t i1, int64_t H, const float *restrict go,
-                         const float *restrict gh, const float *restrict h,
-                         const float *restrict saved, float *restrict g_gi,
-                         float *restrict g_gh, float *restrict g_h) {
+                         const float *restrict gh, int64_t ldh, int rz_in_gi,
+                         const float *restrict h, const float *restrict saved,
+                         float *restrict g_gi, int64_t ldg, float *restrict g_gh,
+                         float *restrict g_h) {
+  /* rz_in_gi: the n part of g_gh goes to columns 3H..4H-1 of g_gi's rows (one [U, 4H]
+   * buffer [g_gi || g_gh_n]); g_gh is unused */
+  const int64_t bn = rz_in_gi ? 0 : 2 * H;
   for (int64_t i = i0; i < i1; ++i) {
-    const float *g = go + i * H, *b = gh + i * 3 * H, *hi = h + i * H;
+    const float *g = go + i * H, *b = gh + i * ldh, *hi = h + i * H;
     const float *r = saved + i * 3 * H, *z = r + H, *n = r + 2 * H;
-    float *ga = g_gi + i * 3 * H, *gb = g_gh + i * 3 * H;
+    float *ga = g_gi + i * ldg;
+    float *gb = rz_in_gi ? ga + 3 * H : g_gh + i * 3 * H;
     for (int64_t j = 0; j < H; ++j) {
       const float dn = g[j] * (1.0f - z[j]) * (1.0f - n[j] * n[j]);   /* through tanh */
       const float dz = g[j] * (hi[j] - n[j]) * z[j] * (1.0f - z[j]);
-      const float dr = dn * b[2 * H + j] * r[j] * (1.0f - r[j]);
-      ga[j] = dr; gb[j] = dr;
-      ga[H + j] = dz; gb[H + j] = dz;
-      ga[2 * H + j] = dn; gb[2 * H + j] = dn * r[j];
+      const float dr = dn * b[bn + j] * r[j] * (1.0f - r[j]);
+      ga[j] = dr;
+      ga[H + j] = dz;
+      ga[2 * H + j] = dn;
+      if (rz_in_gi) {
+        gb[j] = dn * r[j];
+      } else {
+        gb[j] = dr; gb[H + j] = dz; gb[2 * H + j] = dn * r[j];
+      }
     }
     if (g_h)
       for (int64_t j = 0; j < H; ++j) g_h[i * H + j] = g[j] * z[j];
   }
 }
 
-/* g_gi, g_gh: [U, 3H]; g_h: [U, H] or NULL */
-void tgl_gru_bwd(int64_t U, int64_t H, const float *go, const float *gh, const float *h,
-                 const float *saved, float *g_gi, float *g_gh, float *g_h, int threads) {
-  const int64_t nb = nblocks(U);
+/* g_gi: [U, 3H] (with rz_in_gi: [U, 4H] = [g_gi || g_gh_n], g_gh unused); g_gh: [U, 3H];
+ * g_h: [U, H] or NULL */
+void tgl_gru_bwd(int64_t U, int64_t H, const float *go, const float *gh, int64_t ldh,
+                 int rz_in_gi, const float *h, const float *saved, float *g_gi, float *g_gh,
+                 float *g_h, int threads) {
+  const int64_t nb = nblocks(U), ldg = rz_in_gi ? 4 * H : 3 * H;
   int64_t k;
 #pragma omp parallel for num_threads(workers(threads, U * H * GRU_COST, nb)) schedule(static)
   for (k = 0; k < nb; ++k)
-    gru_bwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, go, gh, h, saved,
-                 g_gi, g_gh, g_h);
+    gru_bwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, go, gh, ldh, rz_in_gi,
+                 h, saved, g_gi, ldg, g_gh, g_h);
 }
 
 static inline uint64_t splitmix64(uint64_t x) {

@@ -32,7 +32,7 @@ from torch import Tensor
 from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 5
+ABI = 6
 _P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
                            ctypes.c_int)
 
@@ -43,8 +43,8 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_time_enc_bwd_scratch": (_I64, [_I64, _I64]),
         "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _INT]),
         "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT]),
-        "tgl_gru_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _INT]),
-        "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT])})
+        "tgl_gru_fwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _INT]),
+        "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _P, _P, _INT])})
 
 
 def _make() -> ctypes.CDLL:
@@ -159,25 +159,30 @@ class GRUGates(torch.autograd.Function):
         return (*_gates_backward(ctx.lib, g, gh, h, saved, ctx.needs_input_grad[2]), None)
 
 
-def _gates_forward(lib, gi: Tensor, gh: Tensor, h: Tensor):
-    """``(h' [U, H], saved r, z, n [U, 3H])`` from contiguous ``gi, gh [U, 3H]``, ``h``."""
+def _gates_forward(lib, gi: Tensor, gh: Tensor, h: Tensor, rz_in_gi: bool = False):
+    """``(h' [U, H], saved r, z, n [U, 3H])`` from contiguous ``gi [U, 3H]``, ``h`` and ``gh``
+    (rows contiguous): ``[U, 3H]``, or with ``rz_in_gi`` only its n part ``[U, H]`` (``gi``'s
+    r and z parts then hold ``gi + gh`` already)."""
     U, H = h.shape
     out, saved = torch.empty(U, H), torch.empty(U, 3 * H)
-    lib.tgl_gru_fwd(U, H, gi.data_ptr(), gh.data_ptr(), h.data_ptr(), out.data_ptr(),
-                    saved.data_ptr(), lib.threads())
+    lib.tgl_gru_fwd(U, H, gi.data_ptr(), gh.data_ptr(), gh.stride(0), int(rz_in_gi),
+                    h.data_ptr(), out.data_ptr(), saved.data_ptr(), lib.threads())
     return out, saved
 
 
-def _gates_backward(lib, g: Tensor, gh: Tensor, h: Tensor, saved: Tensor, want_h: bool):
+def _gates_backward(lib, g: Tensor, gh: Tensor, h: Tensor, saved: Tensor, want_h: bool,
+                    rz_in_gi: bool = False):
     """``(g_gi, g_gh [U, 3H], g_h [U, H] or None)``: the gates' backward; ``g_h`` holds only
-    the direct term ``g z`` (what flows through ``gh`` is the caller's)."""
+    the direct term ``g z`` (what flows through ``gh`` is the caller's). With ``rz_in_gi``
+    (``gh`` as in :func:`_gates_forward`): ``(g_all [U, 4H] = [g_gi || g_gh_n], None, g_h)``."""
     g = g.contiguous()
     U, H = h.shape
-    g_gi, g_gh = torch.empty(U, 3 * H), torch.empty(U, 3 * H)
+    g_gi = torch.empty(U, (4 if rz_in_gi else 3) * H)
+    g_gh = None if rz_in_gi else torch.empty(U, 3 * H)
     g_h = torch.empty(U, H) if want_h else None
-    lib.tgl_gru_bwd(U, H, g.data_ptr(), gh.data_ptr(), h.data_ptr(), saved.data_ptr(),
-                    g_gi.data_ptr(), g_gh.data_ptr(), None if g_h is None else g_h.data_ptr(),
-                    lib.threads())
+    lib.tgl_gru_bwd(U, H, g.data_ptr(), gh.data_ptr(), gh.stride(0), int(rz_in_gi), h.data_ptr(),
+                    saved.data_ptr(), g_gi.data_ptr(), None if g_gh is None else g_gh.data_ptr(),
+                    None if g_h is None else g_h.data_ptr(), lib.threads())
     return g_gi, g_gh, g_h
 
 
@@ -201,46 +206,89 @@ class GRUCell(torch.autograd.Function):
     product (autograd on a weight cut in two computes two and joins them) and computes
     input gradients only for the inputs that need one: in TGN's updater ``x0`` is the
     stored mail and ``h`` the stored memory (constants), ``x1`` the time encoding.
+
+    ``own_state=True``: the input is ``[h || x0 || x1]`` (``W_ih [3H, H + F0 + F1]``), as
+    in TGN, whose mails start with the receiver's own memory. The products that read
+    ``h`` are then one ``[U, H] x [H, 4H]`` product with the r and z weights summed
+    (``(W_ih,rz^h + W_hh,rz) h``: the same function, 2H x H fewer multiply-adds a row
+    forward and backward), and the other input one ``[U, F0 + F1] x [F0 + F1, 3H]``.
     """
 
     @staticmethod
     def forward(ctx, x0: Tensor, x1: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor,
-                b_ih: Tensor, b_hh: Tensor, lib) -> Tensor:
+                b_ih: Tensor, b_hh: Tensor, lib, own_state: bool = False) -> Tensor:
         x = torch.cat([x0, x1], 1) if x0.size(1) else x1.contiguous()
         h = h.contiguous()
-        gh = torch.addmm(b_hh, h, w_hh.t())
-        out, saved = _gates_forward(lib, torch.addmm(b_ih, x, w_ih.t()), gh, h)
-        ctx.save_for_backward(x, h, gh, saved, w_ih, w_hh)
-        ctx.lib, ctx.f0 = lib, x0.size(1)
+        ctx.lib, ctx.f0, ctx.own = lib, x0.size(1), own_state
+        if not own_state:
+            gh = torch.addmm(b_hh, h, w_hh.t())
+            out, saved = _gates_forward(lib, torch.addmm(b_ih, x, w_ih.t()), gh, h)
+            ctx.save_for_backward(x, h, gh, saved, w_ih, w_hh)
+            return out
+        H = h.size(1)
+        w_own, b_own = _own_state_weights(w_ih, w_hh, b_ih, b_hh)
+        hh = torch.addmm(b_own, h, w_own.t())                       # [U, 4H]: rz | i_n | h_n
+        gi = torch.addmm(hh[:, :3 * H], x, w_ih[:, H:].t())
+        out, saved = _gates_forward(lib, gi, hh[:, 3 * H:], h, True)
+        ctx.save_for_backward(x, h, hh, saved, w_ih, w_own)
         return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
         x, h, gh, saved, w_ih, w_hh = ctx.saved_tensors
         need = ctx.needs_input_grad
-        g_gi, g_gh, g_h = _gates_backward(ctx.lib, g, gh, h, saved, need[2])
-        f0 = ctx.f0
-        g_x0 = g_gi.mm(w_ih[:, :f0]) if need[0] else None
-        g_x1 = g_gi.mm(w_ih[:, f0:]) if need[1] else None
-        if g_h is not None:
-            g_h.addmm_(g_gh, w_hh)
-        g_wih = g_gi.t().mm(x) if need[3] else None
-        g_whh = g_gh.t().mm(h) if need[4] else None
-        g_bih = g_gi.sum(0) if need[5] else None
-        g_bhh = g_gh.sum(0) if need[6] else None
-        return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None
+        f0, H = ctx.f0, h.size(1)
+        if ctx.own:   # gh: the [U, 4H] products of h; w_hh: their weight [4H, H]
+            g_all, _, g_h = _gates_backward(ctx.lib, g, gh[:, 3 * H:], h, saved, need[2], True)
+            g_gi = g_all[:, :3 * H]
+            w_x = w_ih[:, H:]
+            if g_h is not None:
+                g_h.addmm_(g_all, w_hh)
+            g_wih = g_whh = g_bih = g_bhh = None
+            if need[3] or need[4]:
+                g_own = g_all.t().mm(h)                                 # [4H, H]
+                g_wih = torch.cat([g_own[:3 * H], g_gi.t().mm(x)], 1) if need[3] else None
+                g_whh = torch.cat([g_own[:2 * H], g_own[3 * H:]]) if need[4] else None
+            if need[5] or need[6]:
+                g_b = g_all.sum(0)
+                g_bih = g_b[:3 * H] if need[5] else None
+                g_bhh = torch.cat([g_b[:2 * H], g_b[3 * H:]]) if need[6] else None
+        else:
+            g_gi, g_gh, g_h = _gates_backward(ctx.lib, g, gh, h, saved, need[2])
+            w_x = w_ih
+            if g_h is not None:
+                g_h.addmm_(g_gh, w_hh)
+            g_wih = g_gi.t().mm(x) if need[3] else None
+            g_whh = g_gh.t().mm(h) if need[4] else None
+            g_bih = g_gi.sum(0) if need[5] else None
+            g_bhh = g_gh.sum(0) if need[6] else None
+        g_x0 = g_gi.mm(w_x[:, :f0]) if need[0] else None
+        g_x1 = g_gi.mm(w_x[:, f0:]) if need[1] else None
+        return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None, None
+
+
+def _own_state_weights(w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor):
+    """``(W [4H, H], b [4H])`` of the products of ``h`` in a cell whose input starts with
+    ``h``: rows ``[W_ih,rz^h + W_hh,rz | W_ih,n^h | W_hh,n]`` and the matching biases
+    (``b_ih`` for the input-side parts: r and z hold both biases)."""
+    H = w_hh.size(1)
+    w_s = w_ih[:, :H]
+    w = torch.cat([w_s[:2 * H] + w_hh[:2 * H], w_s[2 * H:], w_hh[2 * H:]])
+    b = torch.cat([b_ih[:2 * H] + b_hh[:2 * H], b_ih[2 * H:], b_hh[2 * H:]])
+    return w, b
 
 
 def gru_cell(x0: Tensor, x1: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
-             b_hh: Tensor) -> Tensor:
+             b_hh: Tensor, own_state: bool = False) -> Tensor:
     """``GRUCell([x0 || x1], h)`` with :class:`torch.nn.GRUCell`'s parameter layout (the
-    compiled kernel and :class:`GRUCell` on CPU float32, else torch's ops)."""
+    compiled kernel and :class:`GRUCell` on CPU float32, else torch's ops); with
+    ``own_state``, ``GRUCell([h || x0 || x1], h)`` (see :class:`GRUCell`)."""
     ts = (x0, x1, h, w_ih, w_hh, b_ih, b_hh)
     lib = KERNEL.get() if _cpu_f32(*ts) else None
     if lib is None:
-        gi = F.linear(torch.cat([x0, x1], 1), w_ih, b_ih)
-        return _gates_torch(gi, F.linear(h, w_hh, b_hh), h)
-    return GRUCell.apply(*ts, lib)
+        x = torch.cat([h, x0, x1] if own_state else [x0, x1], 1)
+        return _gates_torch(F.linear(x, w_ih, b_ih), F.linear(h, w_hh, b_hh), h)
+    return GRUCell.apply(*ts, lib, own_state)
 
 
 def dropout_mask(shape, p: float, like: Tensor) -> Optional[Tensor]:
