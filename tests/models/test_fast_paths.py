@@ -143,3 +143,31 @@ def test_unique_first_kernel_equals_torch_sort(case):
     assert torch.equal(first, ref_first) and torch.equal(inv, ref_inv)
     assert torch.equal(keys[first][inv], keys)
     assert bool((keys[first][1:] > keys[first][:-1]).all())
+
+
+@pytest.mark.parametrize("k", [1, 3, 0])
+def test_predictor_score_is_one_node_with_forward_values_and_gradients(k):
+    """``EdgePredictor.score`` (one autograd node) gives ``forward``'s logits and the same
+    gradients for the embedding table and every parameter, in float64; rows repeat."""
+    from tgl_dist.nn import EdgePredictor
+    from tgl_dist.nn.predictor import ScoreRows
+    torch.manual_seed(0)
+    pred = EdgePredictor(6).double()
+    R, B = 9, 5
+    emb = torch.randn(R, 6, dtype=torch.float64, requires_grad=True)
+    src, pos = torch.randint(0, R, (B,)), torch.randint(0, R, (B,))
+    neg = torch.randint(0, R, (k * B,))
+    g_pos, g_neg = torch.randn(B, dtype=torch.float64), torch.randn(k * B, dtype=torch.float64)
+    res = []
+    for fused in (True, False):
+        pred.zero_grad()
+        emb.grad = None
+        out = (pred.score(emb, src, pos, neg) if fused else
+               pred(emb[src], emb[pos], emb[neg]))
+        if fused:
+            assert type(out[0].grad_fn.next_functions[0][0]).__name__ == ScoreRows.__name__ + "Backward"
+        ((out[0] * g_pos).sum() + (out[1] * g_neg).sum()).backward()
+        res.append([out[0].detach(), out[1].detach(), emb.grad.clone()]
+                   + [p.grad.clone() for p in pred.parameters()])
+    for a, b in zip(*res):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-12), (a, b)

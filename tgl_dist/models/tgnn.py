@@ -193,8 +193,7 @@ class TemporalLinkModel(nn.Module):
             :class:`LinkPredOutput` ``(pos [B], neg [k*B])`` logits.
         """
         emb, mem, gnn_emb = self.embed(mfgs)
-        pos, neg = self.predictor(emb.index_select(0, metadata["src_pos_index"]),
-                                  emb.index_select(0, metadata["dst_pos_index"]),
-                                  emb.index_select(0, metadata["dst_neg_index"]))
+        pos, neg = self.predictor.score(emb, metadata["src_pos_index"],
+                                        metadata["dst_pos_index"], metadata["dst_neg_index"])
         return LinkPredOutput(pos, neg, None if mem is None else mem.detach(),
                               gnn_emb.detach(), self.mail_uses_embedding)
