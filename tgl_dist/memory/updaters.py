@@ -89,7 +89,8 @@ class _CellUpdater(MemoryUpdater):
             nn.init.uniform_(p, -bound, bound)
 
     def _node_part(self, srcdata):
-        """``(node-only gate inputs [U, *], inverse [S] or None, mem [S, d_m])``."""
+        """``(node-only gate inputs [U, *], inverse [S] or None, mem [S, d_m])``: the
+        :meth:`_node_terms` of each distinct node."""
         ids, mem = srcdata["ID"], srcdata["mem"]
         mail = srcdata["mail"].reshape(mem.size(0), -1)
         inv, mem_u, mail_u = None, mem, mail
@@ -99,9 +100,11 @@ class _CellUpdater(MemoryUpdater):
                 mem_u, mail_u = mem.index_select(0, first), mail.index_select(0, first)
             else:
                 inv = None
-        gi = F.linear(mail_u, self.weight_ih[:, : self.dim_mail], self.bias_ih)
-        gh = F.linear(mem_u, self.weight_hh, self.bias_hh)
-        return gi, gh, inv, mem
+        return self._node_terms(mem_u, mail_u), inv, mem
+
+    def _node_terms(self, mem: Tensor, mail: Tensor) -> Tensor:
+        """The products of the stored state ``mem [U, d_m]``, ``mail [U, d_mail]``."""
+        raise NotImplementedError
 
     def _time_part(self, srcdata, base: Tensor) -> Tensor:
         """``base + W_t phi(t - memory_ts)`` per occurrence."""
@@ -143,17 +146,34 @@ class GRUMemoryUpdater(_CellUpdater):
                 # cell reads that part from h, with fewer products (GRUCell, own_state)
                 return gru_cell(mail[:, H:], phi, mem, *params, own_state=True)
             return gru_cell(mail, phi, mem, *params)
-        gi, gh, inv, h = self._node_part(srcdata)
-        # node-only part [r+z summed | i_n | h_n], gathered once per occurrence
-        gi_rz, gi_n = gi.split([2 * H, H], 1)
-        gh_rz, gh_n = gh.split([2 * H, H], 1)
-        node = torch.cat([gi_rz + gh_rz, gi_n, gh_n], 1)
+        node, inv, h = self._node_part(srcdata)    # gathered once per occurrence
         if inv is not None:
             node = node.index_select(0, inv)
         g_rz, g_in, g_hn = self._time_part(srcdata, node).split([2 * H, H, H], 1)
         r, z = torch.sigmoid(g_rz).chunk(2, 1)  # split/chunk: their backward allocates no zeros
         n = torch.tanh(g_in + r * g_hn)
         return n + z * (h - n)
+
+    def _node_terms(self, mem: Tensor, mail: Tensor) -> Tensor:
+        """``[U, 4H]``: ``[gi_rz + gh_rz | gi_n | gh_n]`` without the time part. When the
+        mails start with the memory (TGN's), the products of ``mem`` are one product
+        with the r and z weights summed (as :class:`tgl_dist.nn._pointwise.GRUCell`'s
+        ``own_state``)."""
+        H, dm = self.dim_memory, self.dim_mail
+        w_mail = self.weight_ih[:, :dm]
+        if _starts_with(mail, mem):
+            w_s, w_rest = w_mail.split([H, dm - H], 1)
+            w_s_rz, w_s_n = w_s.split([2 * H, H])
+            w_h_rz, w_h_n = self.weight_hh.split([2 * H, H])
+            b_i_rz, b_i_n = self.bias_ih.split([2 * H, H])
+            b_h_rz, b_h_n = self.bias_hh.split([2 * H, H])
+            own = F.linear(mem, torch.cat([w_s_rz + w_h_rz, w_s_n, w_h_n]),
+                           torch.cat([b_i_rz + b_h_rz, b_i_n, b_h_n]))
+            own_i, own_hn = own.split([3 * H, H], 1)
+            return torch.cat([torch.addmm(own_i, mail[:, H:], w_rest.t()), own_hn], 1)
+        gi_rz, gi_n = F.linear(mail, w_mail, self.bias_ih).split([2 * H, H], 1)
+        gh_rz, gh_n = F.linear(mem, self.weight_hh, self.bias_hh).split([2 * H, H], 1)
+        return torch.cat([gi_rz + gh_rz, gi_n, gh_n], 1)
 
 
 def _starts_with(mail: Tensor, mem: Tensor) -> bool:
@@ -173,11 +193,21 @@ class RNNMemoryUpdater(_CellUpdater):
     gates = 1
 
     def forward(self, srcdata) -> Tensor:
-        gi, gh, inv, _ = self._node_part(srcdata)
-        node = gi + gh
+        node, inv, _ = self._node_part(srcdata)
         if inv is not None:
             node = node.index_select(0, inv)
         return torch.tanh(self._time_part(srcdata, node))
+
+    def _node_terms(self, mem: Tensor, mail: Tensor) -> Tensor:
+        """``W_ih,mail mail + b_ih + W_hh mem + b_hh`` ``[U, H]``; one product of ``mem``
+        when the mails start with the memory."""
+        H, dm = self.dim_memory, self.dim_mail
+        w_mail = self.weight_ih[:, :dm]
+        if _starts_with(mail, mem):
+            w_s, w_rest = w_mail.split([H, dm - H], 1)
+            own = F.linear(mem, w_s + self.weight_hh, self.bias_ih + self.bias_hh)
+            return torch.addmm(own, mail[:, H:], w_rest.t())
+        return F.linear(mail, w_mail, self.bias_ih) + F.linear(mem, self.weight_hh, self.bias_hh)
 
 
 class TransformerMemoryUpdater(MemoryUpdater):
