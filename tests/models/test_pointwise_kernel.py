@@ -288,24 +288,27 @@ def test_time_encoding_with_prefix_is_the_concatenation():
 
 
 @needs_kernel
+@pytest.mark.parametrize("own_state", [False, True])
 @pytest.mark.parametrize("grads", [("x1",), ("x0", "x1", "h"), ("h",), ()])
-def test_gru_cell_equals_torch_gru_cell(grads):
+def test_gru_cell_equals_torch_gru_cell(grads, own_state):
     """The fused cell (products, gates, written-out backward) against torch.nn.GRUCell on
     the concatenated input, in float64: value and the gradient of every parameter and of
-    each input that asks for one (and none for the others)."""
+    each input that asks for one (and none for the others). ``own_state``: the input is
+    ``[h || x0 || x1]`` (the products of h merged; h's gradient through both places)."""
     g = torch.Generator().manual_seed(4)
     U, F0, F1, H = 300, 20, 7, 16
-    cell = torch.nn.GRUCell(F0 + F1, H).double()
+    cell = torch.nn.GRUCell(F0 + F1 + (H if own_state else 0), H).double()
     x0, x1, h = (torch.randn(U, n, generator=g) for n in (F0, F1, H))
     go = torch.randn(U, H, generator=g)
     ins = {k: v.double().requires_grad_(k in grads) for k, v in (("x0", x0), ("x1", x1),
                                                                    ("h", h))}
-    ref = cell(torch.cat([ins["x0"], ins["x1"]], 1), ins["h"])
+    parts = [ins["x0"], ins["x1"]]
+    ref = cell(torch.cat([ins["h"]] * own_state + parts, 1), ins["h"])
     ref.backward(go.double())
     params = [p.detach().float().requires_grad_() for p in
               (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)]
     mine = {k: v.float().detach().requires_grad_(k in grads) for k, v in ins.items()}
-    out = gru_cell(mine["x0"], mine["x1"], mine["h"], *params)
+    out = gru_cell(mine["x0"], mine["x1"], mine["h"], *params, own_state=own_state)
     assert type(out.grad_fn).__name__ == GRUCell.__name__ + "Backward"
     out.backward(go)
     assert torch.allclose(out.double(), ref, atol=2e-6)
@@ -318,46 +321,11 @@ def test_gru_cell_equals_torch_gru_cell(grads):
             assert mine[k].grad is None
 
 
-@needs_kernel
-@pytest.mark.parametrize("grads", [("x1",), ("x0", "x1", "h"), ()])
-def test_gru_cell_on_its_own_state_equals_torch_gru_cell(grads):
-    """``own_state``: GRUCell([h || x0 || x1], h) with the products of h merged, against
-    torch.nn.GRUCell on that input in float64 (h's gradient: through both places it
-    enters)."""
-    g = torch.Generator().manual_seed(6)
-    U, F0, F1, H = 300, 20, 7, 16
-    cell = torch.nn.GRUCell(H + F0 + F1, H).double()
-    with torch.no_grad():
-        cell.bias_hh.normal_(generator=g)
-    x0, x1, h = (torch.randn(U, n, generator=g) for n in (F0, F1, H))
-    go = torch.randn(U, H, generator=g)
-    ins = {k: v.double().requires_grad_(k in grads) for k, v in (("x0", x0), ("x1", x1),
-                                                                   ("h", h))}
-    ref = cell(torch.cat([ins["h"], ins["x0"], ins["x1"]], 1), ins["h"])
-    ref.backward(go.double())
-    params = [p.detach().float().requires_grad_() for p in
-              (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)]
-    mine = {k: v.float().detach().requires_grad_(k in grads) for k, v in ins.items()}
-    out = gru_cell(mine["x0"], mine["x1"], mine["h"], *params, own_state=True)
-    assert type(out.grad_fn).__name__ == GRUCell.__name__ + "Backward"
-    out.backward(go)
-    assert torch.allclose(out.double(), ref, atol=2e-6)
-    for p, q in zip(params, (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)):
-        assert torch.allclose(p.grad.double(), q.grad, rtol=1e-4, atol=1e-4)
-    for k in ("x0", "x1", "h"):
-        if k in grads:
-            assert torch.allclose(mine[k].grad.double(), ins[k].grad, rtol=1e-4, atol=1e-5), k
-        else:
-            assert mine[k].grad is None
-    # the torch fallback computes the same function
-    fb = gru_cell(*(ins[k].detach() for k in ("x0", "x1", "h")), cell.weight_ih,
-                  cell.weight_hh, cell.bias_ih, cell.bias_hh, own_state=True)
-    assert torch.allclose(fb, ref)
-
-
-def test_gru_cell_without_kernel_is_torch_gru_cell():
+@pytest.mark.parametrize("own_state", [False, True])
+def test_gru_cell_without_kernel_is_torch_gru_cell(own_state):
     g = torch.Generator().manual_seed(5)
-    cell = torch.nn.GRUCell(9, 4).double()
+    cell = torch.nn.GRUCell(9 + 4 * own_state, 4).double()
     x0, x1, h = (torch.randn(6, n, generator=g, dtype=torch.float64) for n in (5, 4, 4))
-    out = gru_cell(x0, x1, h, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
-    assert torch.allclose(out, cell(torch.cat([x0, x1], 1), h))
+    out = gru_cell(x0, x1, h, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh,
+                   own_state=own_state)
+    assert torch.allclose(out, cell(torch.cat([h] * own_state + [x0, x1], 1), h))
