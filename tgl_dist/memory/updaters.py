@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgl_dist.nn._pointwise import Dropout, gru_cell
+from tgl_dist.nn._pointwise import Dropout, gru_cell, own_state_weights
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
 
@@ -162,15 +162,10 @@ class GRUMemoryUpdater(_CellUpdater):
         H, dm = self.dim_memory, self.dim_mail
         w_mail = self.weight_ih[:, :dm]
         if _starts_with(mail, mem):
-            w_s, w_rest = w_mail.split([H, dm - H], 1)
-            w_s_rz, w_s_n = w_s.split([2 * H, H])
-            w_h_rz, w_h_n = self.weight_hh.split([2 * H, H])
-            b_i_rz, b_i_n = self.bias_ih.split([2 * H, H])
-            b_h_rz, b_h_n = self.bias_hh.split([2 * H, H])
-            own = F.linear(mem, torch.cat([w_s_rz + w_h_rz, w_s_n, w_h_n]),
-                           torch.cat([b_i_rz + b_h_rz, b_i_n, b_h_n]))
+            own = F.linear(mem, *own_state_weights(self.weight_ih, self.weight_hh,
+                                                   self.bias_ih, self.bias_hh))
             own_i, own_hn = own.split([3 * H, H], 1)
-            return torch.cat([torch.addmm(own_i, mail[:, H:], w_rest.t()), own_hn], 1)
+            return torch.cat([torch.addmm(own_i, mail[:, H:], w_mail[:, H:].t()), own_hn], 1)
         gi_rz, gi_n = F.linear(mail, w_mail, self.bias_ih).split([2 * H, H], 1)
         gh_rz, gh_n = F.linear(mem, self.weight_hh, self.bias_hh).split([2 * H, H], 1)
         return torch.cat([gi_rz + gh_rz, gi_n, gh_n], 1)

@@ -226,7 +226,7 @@ class GRUCell(torch.autograd.Function):
             ctx.save_for_backward(x, h, gh, saved, w_ih, w_hh)
             return out
         H = h.size(1)
-        w_own, b_own = _own_state_weights(w_ih, w_hh, b_ih, b_hh)
+        w_own, b_own = own_state_weights(w_ih, w_hh, b_ih, b_hh)
         hh = torch.addmm(b_own, h, w_own.t())                       # [U, 4H]: rz | i_n | h_n
         gi = torch.addmm(hh[:, :3 * H], x, w_ih[:, H:].t())
         out, saved = _gates_forward(lib, gi, hh[:, 3 * H:], h, True)
@@ -267,7 +267,7 @@ class GRUCell(torch.autograd.Function):
         return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None, None
 
 
-def _own_state_weights(w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor):
+def own_state_weights(w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor):
     """``(W [4H, H], b [4H])`` of the products of ``h`` in a cell whose input starts with
     ``h``: rows ``[W_ih,rz^h + W_hh,rz | W_ih,n^h | W_hh,n]`` and the matching biases
     (``b_ih`` for the input-side parts: r and z hold both biases)."""

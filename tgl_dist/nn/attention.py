@@ -117,11 +117,7 @@ def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     """
     M, H = x.size(0), num_head
     qk, qb = query_terms(q, w_k, b_k, H)                                   # [D, H, C], [D, H]
-    mask = None
-    if att_dropout.training and att_dropout.p > 0:
-        mask = dropout_mask((M, H), att_dropout.p, x)
-        if mask is None:
-            mask = F.dropout(x.new_ones(M, H), att_dropout.p, True)
+    mask = _mask(att_dropout, (M, H), x)
     agg, asum = SegmentAttention.apply(qk, qb, hs, idx, x, ptr, mask, 0.2 if leaky else None,
                                        lib, lib.threads())  # [D, H, C], [D, H]
     return _value_out(agg, asum, w_v, b_v)
