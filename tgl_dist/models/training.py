@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tgl_dist.dist import all_reduce_
+from tgl_dist.dist import all_reduce_, world
 from tgl_dist.metrics import LinkPredMetrics, average_precision
 from tgl_dist.models.parallel import all_reduce_gradients
 
@@ -23,6 +23,12 @@ def link_loss(pos, neg):
     """``BCE(pos, 1) + BCE(neg, 0)`` (TGL's loss), means over each side."""
     return (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
             + F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg)))
+
+
+def _window_events(meta: dict) -> int:
+    """Events of the step's window over all ranks (``meta['window']``: global positions)."""
+    start, end = meta["window"]
+    return max(int(end) - int(start), 1)
 
 
 def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
@@ -35,6 +41,13 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
     Each step: forward -> (loss, backward, gradient all-reduce, optimizer step) ->
     ``mailbox.update`` with the positive events (memory read before, written after).
     Every rank runs every step (the loader gives all ranks the same number of steps).
+
+    On ``W > 1`` ranks a step's window of ``N`` events is split unevenly (each rank takes
+    its own ``B_r`` events, possibly none), so each rank's loss is scaled by
+    ``B_r * W / N`` before ``backward()``: the averaged gradient is then the gradient of
+    the mean loss over all ``N`` events, as one process computes it on the same window
+    (a plain average of the ranks' means would weight each rank's events by ``N / (W
+    B_r)`` instead). A rank with no event contributes zero gradients.
 
     Args:
         model: a :class:`TemporalLinkModel` (or anything returning ``LinkPredOutput``).
@@ -58,6 +71,7 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
     """
     train = optimizer is not None
     model.train(train)
+    ws = world(group)[1]
     total, steps, events, ap_sum = 0.0, 0, 0, 0.0
     if resume is not None:
         total, steps = float(resume["total"]), int(resume["steps"])
@@ -68,6 +82,9 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
             out = model(mfgs, meta)
             pos, neg = out
             loss = link_loss(pos, neg)
+            B = pos.numel()
+            if ws > 1:  # this rank's share of the global mean over the window's events
+                loss = loss * (B * ws / _window_events(meta)) if B else (pos.sum() + neg.sum()) * 0.0
             if train:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -75,7 +92,6 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
                 optimizer.step()
             total += float(loss.detach())
             steps += 1
-            B = pos.numel()
             events += B
             if metrics is not None:
                 k = neg.numel() // max(B, 1)
