@@ -47,3 +47,34 @@ def test_fetch_push_two_ranks():
     assert r0[2] == [[0.0] * 3, [0.0] * 3]
     assert r1[2] == [[1.0] * 3, [1.0] * 3]
     assert r0[3] == r1[3] == [0, 0, 1]
+
+
+def _async_worker():
+    from tgl_dist import DistributedContext
+    from tgl_dist.dist import all_reduce_async
+    ctx = DistributedContext.init()
+    big = torch.arange(200_000, dtype=torch.float32) * (ctx.rank + 1)
+    pending = all_reduce_async(big)
+    # other collectives on the same group while the all-reduce is in flight
+    owner = torch.tensor([0, 1, 0, 1])
+    book = PartitionBook(owner)
+    table = book.owned_ids(ctx.rank).float() * 10
+    ids = torch.tensor([3, 0, 1, 2])
+    rows = fetch_rows(book.to_owner(ids), book.to_local(ids), lambda r: table[r])
+    total = pending.wait()
+    assert total is big
+    again = pending.wait()  # a second wait is a no-op
+    return rows.tolist(), bool(torch.equal(total, torch.arange(200_000, dtype=torch.float32) * 3)), \
+        bool(torch.equal(again, total))
+
+
+@pytest.mark.distributed
+def test_async_all_reduce_beside_other_collectives():
+    for rows, summed, same in run_distributed(_async_worker, 2):
+        assert rows == [30.0, 0.0, 10.0, 20.0] and summed and same
+
+
+def test_async_all_reduce_world_of_one():
+    from tgl_dist.dist import all_reduce_async
+    x = torch.ones(3)
+    assert all_reduce_async(x).wait() is x

@@ -103,7 +103,8 @@ def test_two_ranks_equal_one_process_on_real_partitions(tmp_path):
 def test_two_ranks_train_like_one_process(tmp_path):
     # an epoch of training (Adam, no dropout): run_epoch scales each rank's loss by its
     # share of the window's events, so the averaged gradients are the 1-process gradients
-    # and both runs take the same optimizer steps (up to float rounding)
+    # and both runs take the same optimizer steps (up to float rounding); the gradient
+    # all-reduce overlaps the mailbox update, which must not change what the next step reads
     g, root = _graph(tmp_path)
     ref = [torch.from_numpy(a) for a in _epoch(root, True)]
     init = torch.from_numpy(_epoch(root)[5])               # evaluation leaves them as built

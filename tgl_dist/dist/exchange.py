@@ -166,6 +166,33 @@ def all_reduce_(t: Tensor, op=None, group=None) -> Tensor:
     return t
 
 
+class Pending:
+    """An all-reduce in flight (:func:`all_reduce_async`): ``wait()`` returns its tensor."""
+
+    def __init__(self, t: Tensor, work=None) -> None:
+        self.t, self.work = t, work
+
+    def wait(self) -> Tensor:
+        if self.work is not None:
+            work, self.work = self.work, None
+            _guard(work.wait, "all_reduce")
+        return self.t
+
+
+def all_reduce_async(t: Tensor, group=None) -> Pending:
+    """Start an in-place sum all-reduce of ``t`` and return at once (collective).
+
+    Other collectives may run on ``group`` before ``wait()``: on gloo they proceed while
+    this one is in flight (its worker threads take the queued operations in turn), on
+    NCCL they queue behind it. ``t`` must not be read or written before ``wait()``. In a
+    world of one nothing is sent and ``wait()`` returns ``t``.
+    """
+    if world(group)[1] == 1:
+        return Pending(t)
+    return Pending(t, _guard(lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group,
+                                                     async_op=True), "all_reduce"))
+
+
 def all_gather_v(x: Tensor, group=None) -> Tensor:
     """Concatenate every rank's ``x`` (sizes may differ) in rank order, on every rank."""
     _, ws = world(group)

@@ -3,7 +3,8 @@
 Every rank holds a full copy of the dense parameters (updaters, attention, predictor).
 :func:`broadcast_parameters` makes the copies equal at the start; after each
 ``backward()``, :func:`all_reduce_gradients` averages the gradients over ranks in one
-flat all-reduce, so identical optimizer steps keep them equal. No-ops in a world of one.
+flat all-reduce (optionally started asynchronously, to overlap other collectives), so
+identical optimizer steps keep them equal. No-ops in a world of one.
 
 Sharded tables (:class:`tgl_dist.nn.DistEmbedding`) are not dense parameters: they are
 neither broadcast nor all-reduced. Their gradient rows go to the owning rank in the
@@ -13,12 +14,12 @@ size there, matching the averaging of the dense gradients here.
 """
 from __future__ import annotations
 
-from typing import Set
+from typing import List, Optional, Set
 
 import torch
 from torch import nn
 
-from tgl_dist.dist import all_reduce_, broadcast_object, world
+from tgl_dist.dist import Pending, all_reduce_async, broadcast_object, world
 from tgl_dist.nn.dist_embedding import DistEmbedding
 
 
@@ -54,26 +55,52 @@ def broadcast_parameters(module: nn.Module, src: int = 0, group=None) -> None:
                            f"rank's (keys {wrong[:5]})")
 
 
-def all_reduce_gradients(module: nn.Module, group=None) -> None:
+class PendingGradients:
+    """Gradients being averaged over ranks (:func:`all_reduce_gradients` with ``async_op``).
+
+    ``wait()`` blocks until the all-reduce is done and writes the averages into the
+    parameters' ``.grad``; until then the gradients hold this rank's values.
+    """
+
+    def __init__(self, params: List[nn.Parameter], flat: Optional[Pending], ws: int) -> None:
+        self.params, self.flat, self.ws = params, flat, ws
+
+    def wait(self) -> None:
+        if self.flat is None:
+            return
+        flat, self.flat = self.flat.wait(), None
+        flat /= self.ws
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            g = flat[off:off + n].view_as(p)
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
+            off += n
+
+
+def all_reduce_gradients(module: nn.Module, group=None,
+                         async_op: bool = False) -> Optional[PendingGradients]:
     """Average the gradients of ``module``'s parameters over ranks (one flat all-reduce).
 
     Parameters without a gradient on this rank count as zero gradient, so every rank
     contributes a buffer of the same size (collective).
+
+    With ``async_op=True`` it returns at once a :class:`PendingGradients`; call its
+    ``wait()`` before the optimizer step. Other collectives can run meanwhile:
+    :func:`tgl_dist.models.run_epoch` writes the mailbox back while the gradients travel
+    (on gloo the two proceed together; measured in ``benchmarks/RESULTS.md``).
     """
     ws = world(group)[1]
     if ws == 1:
-        return
+        return PendingGradients([], None, 1) if async_op else None
     params = [p for p in module.parameters() if p.requires_grad]
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                       for p in params])
-    all_reduce_(flat, group=group)
-    flat /= ws
-    off = 0
-    for p in params:
-        n = p.numel()
-        g = flat[off:off + n].view_as(p)
-        if p.grad is None:
-            p.grad = g.clone()
-        else:
-            p.grad.copy_(g)
-        off += n
+    pending = PendingGradients(params, all_reduce_async(flat, group), ws)
+    if async_op:
+        return pending
+    pending.wait()
+    return None

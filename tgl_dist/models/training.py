@@ -38,8 +38,11 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
               resume: Optional[Dict[str, float]] = None) -> Dict[str, float]:
     """Train (``optimizer`` given) or evaluate (no gradient) over every step of ``loader``.
 
-    Each step: forward -> (loss, backward, gradient all-reduce, optimizer step) ->
-    ``mailbox.update`` with the positive events (memory read before, written after).
+    Each step: forward -> (loss, backward, start of the gradient all-reduce) ->
+    ``mailbox.update`` with the positive events (memory read before, written after) ->
+    (end of the all-reduce, optimizer step). The mailbox update reads only the forward's
+    outputs, so running it before the optimizer step changes nothing but the time: its
+    all-to-alls overlap the gradients' all-reduce.
     Every rank runs every step (the loader gives all ranks the same number of steps).
 
     On ``W > 1`` ranks a step's window of ``N`` events is split unevenly (each rank takes
@@ -85,11 +88,13 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
             B = pos.numel()
             if ws > 1:  # this rank's share of the global mean over the window's events
                 loss = loss * (B * ws / _window_events(meta)) if B else (pos.sum() + neg.sum()) * 0.0
+            pending = None
             if train:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                all_reduce_gradients(model, group)
-                optimizer.step()
+                # the gradients travel while the metrics and the mailbox update run (neither
+                # reads a parameter); the optimizer steps once they have arrived
+                pending = all_reduce_gradients(model, group, async_op=True)
             total += float(loss.detach())
             steps += 1
             events += B
@@ -103,6 +108,9 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
                 mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
                                roots.extra.get("f"), out.embedding, out.mail_uses_embedding,
                                mfgs[-1])
+            if pending is not None:
+                pending.wait()
+                optimizer.step()
             if progress is not None:
                 progress.update(1)
             if on_step is not None:
