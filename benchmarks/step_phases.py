@@ -1,8 +1,9 @@
-"""Where a TGN training step's time goes: milliseconds per phase, one process.
+"""Where a TGN training step's time goes: milliseconds per phase, one process or N.
 
     python benchmarks/step_phases.py [--data wikipedia] [--steps 400] [--threads 2]
     python benchmarks/step_phases.py --compare-kernel-threads
     python benchmarks/step_phases.py --batch-size 10 --steps 1000   # the fixed cost of a step
+    torchrun --nproc_per_node=2 benchmarks/step_phases.py --threads 1  # 2 ranks, 100 events each
 
 The model and data are those of ``benchmarks/train_throughput.py`` (PyG's
 ``examples/tgn.py`` sizes: memory / time / embedding 100, batch 200, 10 recent
@@ -10,9 +11,14 @@ neighbours, one attention layer). After ``--warmup`` steps it times ``--steps`` 
 steps of the first epoch, split into the phases of :func:`tgl_dist.models.run_epoch`:
 
 - ``load``: the loader's next batch (negatives, sampling, memory and mail fetch),
-- ``forward``: model and loss, ``backward``: ``loss.backward()``,
-- ``optimizer``: gradient all-reduce (a no-op here) and Adam,
-- ``write_back``: :meth:`SharedMailBox.update`.
+- ``forward``: model and loss, ``backward``: ``loss.backward()`` and the start of the
+  gradient all-reduce,
+- ``write_back``: :meth:`SharedMailBox.update` (while the gradients travel),
+- ``optimizer``: the wait for the all-reduce and Adam.
+
+Under ``torchrun`` every rank runs its share of the (global) batch on a partition into
+as many parts as ranks, in the order of ``run_epoch``; rank 0 reports its own phases
+(the others wait for it in the collectives, so the figures are the step's).
 
 ``--compare-kernel-threads`` alternates blocks of 10 steps between the compiled kernels
 (attention, time encoding, dropout) on ONE thread and on torch's threads, in the same
@@ -66,14 +72,14 @@ from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  #
 from tgl_dist.loader import DistributedDataLoader  # noqa: E402
 from tgl_dist.memory import SharedMailBox  # noqa: E402
 from tgl_dist.models import build_model, build_optimizer, parse_config  # noqa: E402
-from tgl_dist.models.parallel import all_reduce_gradients  # noqa: E402
+from tgl_dist.models.parallel import all_reduce_gradients, broadcast_parameters  # noqa: E402
 from tgl_dist.models.training import link_loss  # noqa: E402
 from tgl_dist.nn._attention_kernel import get_attention_kernel  # noqa: E402
 from tgl_dist.nn._pointwise import KERNEL as POINTWISE  # noqa: E402
 from tgl_dist.partition import partition_graph, partition_load  # noqa: E402
 from tgl_dist.sampling import NegativeSampling, NeighborSampler  # noqa: E402
 
-PHASES = ("load", "forward", "backward", "optimizer", "write_back")
+PHASES = ("load", "forward", "backward", "write_back", "optimizer")
 
 
 def _swaps(base: str, specs):
@@ -116,8 +122,8 @@ def main() -> None:
     ap.add_argument("--compare-kernel-threads", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--batch-size", type=int, default=None,
-                    help="events per step (default: the config's 200); a small batch shows "
-                         "the fixed cost of a step")
+                    help="events per step over all ranks (default: the config's 200); a "
+                         "small batch shows the fixed cost of a step")
     ap.add_argument("--base", default=None,
                     help="git revision whose code --swap compares with the working tree")
     ap.add_argument("--swap", action="append", default=[], metavar="MODULE:ATTR",
@@ -131,18 +137,20 @@ def main() -> None:
     swaps = _swaps(args.base, args.swap) if args.swap else []
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    DistributedContext.init()
+    ctx = DistributedContext.init()
+    W = ctx.world_size
     cfg = parse_config(yaml.safe_load(CONFIG), "TGN")
     g = load_dataset(args.data, root=args.root)
-    if not (Path(args.parts) / g.name / "metis_for_tgnn_1").is_dir():
-        partition_graph(g, 1, "metis_for_tgnn", args.parts)
+    if ctx.is_main and not (Path(args.parts) / g.name / f"metis_for_tgnn_{W}").is_dir():
+        partition_graph(g, W, "metis_for_tgnn", args.parts)
+    ctx.barrier()
     pdata = partition_load(Path(args.parts) / g.name, "metis_for_tgnn")
     graph = DistributedGraphStore(pdata)
     smp = cfg.sampling
     sampler = NeighborSampler(graph.num_nodes, smp.layer, list(smp.neighbor),
                               TemporalNeighborSampleGraph(pdata, mode="full"),
                               policy=smp.strategy, seed=0, graph_name=g.name)
-    bs = args.batch_size or cfg.train.batch_size
+    bs = max(1, (args.batch_size or cfg.train.batch_size) // W)  # events per rank
     mailbox = SharedMailBox(int(pdata.ids.numel()), cfg.memory, graph.edge_feat_dim,
                             partition_book=pdata.book)
     loader = DistributedDataLoader(graph, "train", sampler=sampler,
@@ -154,6 +162,7 @@ def main() -> None:
         raise SystemExit(f"--warmup + --steps must be at most the epoch's {steps} steps")
     model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim,
                         num_nodes=graph.num_nodes, partition_book=pdata.book)
+    broadcast_parameters(model)
     opt = build_optimizer(model, lr=cfg.train.lr)
     kernels = [k for k in (get_attention_kernel(), POINTWISE.get()) if k is not None]
     own = {id(k): k.threads for k in kernels}
@@ -174,7 +183,7 @@ def main() -> None:
                     else "torch_threads")
         for k in kernels:
             k.threads = (lambda: 1) if mode == "one_thread" else own[id(k)]
-        if i == args.warmup and args.profile:
+        if i == args.warmup and args.profile and ctx.is_main:
             prof = torch.profiler.profile()
             prof.__enter__()
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -182,16 +191,17 @@ def main() -> None:
         roots, mfgs, meta, _ = next(it)
         t.append(time.perf_counter())
         out = model(mfgs, meta)
-        loss = link_loss(*out)
+        loss = link_loss(*out, meta, W)
         t.append(time.perf_counter())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        t.append(time.perf_counter())
-        all_reduce_gradients(model)
-        opt.step()
+        pending = all_reduce_gradients(model, async_op=True)
         t.append(time.perf_counter())
         mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
                        roots.extra.get("f"), out.embedding, out.mail_uses_embedding, mfgs[-1])
+        t.append(time.perf_counter())
+        pending.wait()
+        opt.step()
         t.append(time.perf_counter())
         if i >= args.warmup:
             counts[mode] += 1
@@ -205,7 +215,9 @@ def main() -> None:
     if prof is not None:
         prof.__exit__(None, None, None)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
-    res = {"data": args.data, "threads": args.threads, "batch_size": bs,
+    if not ctx.is_main:
+        return
+    res = {"data": args.data, "world_size": W, "threads": args.threads, "batch_size": bs,
            "kernel_threads": kernels[0].threads() if kernels else 0}
     for mode, n in counts.items():
         if not n:
@@ -213,7 +225,7 @@ def main() -> None:
         ms = {p: 1e3 * v / n for p, v in sums[mode].items()}
         total = sum(ms.values())
         print(f"{mode:13s} ({n} steps): " + "  ".join(f"{p} {v:.2f}" for p, v in ms.items())
-              + f"  | step {total:.2f} ms ({bs * 1e3 / total:.0f} events/s, "
+              + f"  | step {total:.2f} ms ({bs * W * 1e3 / total:.0f} events/s, "
               f"{faults[mode] / n:.0f} page faults)")
         key = {"torch_threads": "", "working_tree": ""}.get(mode, f"{mode}_")
         res.update({f"{key}{p}_ms": round(v, 3) for p, v in ms.items()})

@@ -51,3 +51,16 @@ def test_two_ranks_with_uneven_and_empty_shares_step_like_one_process():
     assert not torch.equal(w1, Scores().w.detach())          # the steps moved it
     # the reported loss is the mean over steps of the loss over each whole window
     assert abs(l0 - loss1) < 1e-6 and abs(l1r - loss1) < 1e-6
+
+
+def test_link_loss_share_scaling():
+    from tgl_dist.models import link_loss
+    pos, neg = torch.tensor([0.5, -1.0, 2.0]), torch.tensor([0.1, 0.3, -0.2])
+    plain = link_loss(pos, neg)
+    assert torch.equal(link_loss(pos, neg, {"window": (10, 18)}, 1), plain)
+    # 3 of the window's 8 events on this rank of 2: its share is 3 * 2 / 8 of its mean
+    assert torch.allclose(link_loss(pos, neg, {"window": (10, 18)}, 2), plain * 0.75)
+    empty = torch.zeros(0, requires_grad=True)
+    loss = link_loss(empty, empty, {"window": (10, 18)}, 2)
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and empty.grad is not None and empty.grad.numel() == 0

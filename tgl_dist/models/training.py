@@ -12,23 +12,33 @@ from typing import Callable, Dict, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from tgl_dist.dist import all_reduce_, world
 from tgl_dist.metrics import LinkPredMetrics, average_precision
 from tgl_dist.models.parallel import all_reduce_gradients
 
 
-def link_loss(pos, neg):
-    """``BCE(pos, 1) + BCE(neg, 0)`` (TGL's loss), means over each side."""
-    return (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
+def link_loss(pos: Tensor, neg: Tensor, meta: Optional[dict] = None,
+              world_size: int = 1) -> Tensor:
+    """``BCE(pos, 1) + BCE(neg, 0)`` (TGL's loss), means over each side.
+
+    On ``world_size > 1`` ranks, given the step's ``meta`` (the loader's metadata), it is
+    scaled by this rank's share of the step: ``B_r * W / N`` for its ``B_r = pos.numel()``
+    of the window's ``N`` events. A window is split between ranks by event owner, so the
+    shares differ (or are empty); with the scaling, gradients averaged over ranks are the
+    gradient of the mean loss over all ``N`` events, as one process computes it. A rank
+    with no event gets a zero loss (and zero gradients).
+    """
+    loss = (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
             + F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg)))
-
-
-def _window_events(meta: dict) -> int:
-    """Events of the step's window over all ranks (``meta['window']``: global positions)."""
+    if world_size == 1 or meta is None:
+        return loss
+    B = pos.numel()
+    if not B:
+        return (pos.sum() + neg.sum()) * 0.0
     start, end = meta["window"]
-    return max(int(end) - int(start), 1)
+    return loss * (B * world_size / max(int(end) - int(start), 1))
 
 
 def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
@@ -47,10 +57,11 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
 
     On ``W > 1`` ranks a step's window of ``N`` events is split unevenly (each rank takes
     its own ``B_r`` events, possibly none), so each rank's loss is scaled by
-    ``B_r * W / N`` before ``backward()``: the averaged gradient is then the gradient of
-    the mean loss over all ``N`` events, as one process computes it on the same window
-    (a plain average of the ranks' means would weight each rank's events by ``N / (W
-    B_r)`` instead). A rank with no event contributes zero gradients.
+    ``B_r * W / N`` before ``backward()`` (:func:`link_loss` with ``meta``): the averaged
+    gradient is then the gradient of the mean loss over all ``N`` events, as one process
+    computes it on the same window (a plain average of the ranks' means would weight each
+    rank's events by ``N / (W B_r)`` instead). A rank with no event contributes zero
+    gradients.
 
     Args:
         model: a :class:`TemporalLinkModel` (or anything returning ``LinkPredOutput``).
@@ -84,10 +95,8 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         for roots, mfgs, meta, _ in loader:
             out = model(mfgs, meta)
             pos, neg = out
-            loss = link_loss(pos, neg)
+            loss = link_loss(pos, neg, meta, ws)  # scaled by this rank's share of the window
             B = pos.numel()
-            if ws > 1:  # this rank's share of the global mean over the window's events
-                loss = loss * (B * ws / _window_events(meta)) if B else (pos.sum() + neg.sum()) * 0.0
             pending = None
             if train:
                 optimizer.zero_grad(set_to_none=True)
