@@ -217,7 +217,8 @@ def main() -> None:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
     if not ctx.is_main:
         return
-    res = {"data": args.data, "world_size": W, "threads": args.threads, "batch_size": bs,
+    res = {"data": args.data, "world_size": W, "threads": args.threads, "batch_size": bs * W,
+           "batch_per_rank": bs,
            "kernel_threads": kernels[0].threads() if kernels else 0}
     for mode, n in counts.items():
         if not n:

@@ -117,3 +117,4 @@ def test_two_ranks_train_like_one_process(tmp_path):
     assert torch.allclose(got[0], ref[1], atol=1e-4)       # memory
     assert torch.equal(got[1], ref[2])                     # memory_ts
     assert torch.allclose(got[2], ref[3], atol=1e-4)       # mailbox
+    assert torch.equal(got[3], ref[4])                     # mail_ts

@@ -64,3 +64,12 @@ def test_link_loss_share_scaling():
     loss = link_loss(empty, empty, {"window": (10, 18)}, 2)
     loss.backward()
     assert float(loss.detach()) == 0.0 and empty.grad is not None and empty.grad.numel() == 0
+
+
+def test_link_loss_on_several_ranks_needs_the_window():
+    from tgl_dist.models import link_loss
+    pos = neg = torch.tensor([0.5])
+    with pytest.raises(ValueError, match="window"):
+        link_loss(pos, neg, None, 2)
+    with pytest.raises(ValueError, match="window"):
+        link_loss(pos, neg, {"num_pos": 1}, 2)

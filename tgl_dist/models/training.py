@@ -32,8 +32,13 @@ def link_loss(pos: Tensor, neg: Tensor, meta: Optional[dict] = None,
     """
     loss = (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
             + F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg)))
-    if world_size == 1 or meta is None:
+    if world_size == 1:
         return loss
+    if meta is None or "window" not in meta:
+        raise ValueError(
+            f"link_loss on {world_size} ranks needs the step's metadata with 'window' (the "
+            f"global positions of the step's events, as DistributedDataLoader yields it) to "
+            f"scale this rank's share; got {None if meta is None else sorted(meta)}")
     B = pos.numel()
     if not B:
         return (pos.sum() + neg.sum()) * 0.0
@@ -65,7 +70,9 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
 
     Args:
         model: a :class:`TemporalLinkModel` (or anything returning ``LinkPredOutput``).
-        loader: yields ``(roots, mfgs, metadata, sample_time)``.
+        loader: yields ``(roots, mfgs, metadata, sample_time)``; on several ranks
+            ``metadata['window']`` (the step's global positions, see
+            :class:`DistributedDataLoader`) sets each rank's share of the loss.
         mailbox: the :class:`SharedMailBox` the loader fetches from, or ``None``.
         optimizer: train when given.
         metrics: collects ``pos [B]``, first negatives ``[B]`` and all ``k`` negatives.
@@ -78,7 +85,8 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         resume: accumulators an ``on_step`` call saved, to continue a partial epoch (the
             loader must start at step ``resume['steps']``, see ``loader.set_epoch``).
     Returns:
-        ``{'loss': mean loss over steps, 'events': events over all ranks, 'seconds',
+        ``{'loss': mean over steps of the loss over each step's whole window (all ranks),
+        'events': events over all ranks, 'seconds',
         'events_per_s', 'events_per_cpu_s'}`` (CPU seconds of all ranks' processes: robust
         on a shared machine), and in evaluation with ``metrics`` the mean of per-batch APs
         ``'ap_batch_mean'`` (for comparison with published per-batch figures only).
