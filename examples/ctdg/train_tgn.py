@@ -54,6 +54,7 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 from tgl_dist import DistributedContext  # noqa: E402
 from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint, capture,  # noqa: E402
                                  config_dict, partition_identity, restore)
+from tgl_dist.cli import HelpFormatter  # noqa: E402
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
 from tgl_dist.errors import PeerFailureError, TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
@@ -70,7 +71,7 @@ log = logging.getLogger("train_tgn")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--data", default="synthetic", help="dataset name or file path")
     p.add_argument("--format", default=None, help="file format of a path (default: inferred)")
     p.add_argument("--root", default=None, help="folder of the named datasets (default: "

@@ -21,6 +21,7 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 from tgl_dist import DistributedContext  # noqa: E402
 from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint,  # noqa: E402
                                  partition_identity)
+from tgl_dist.cli import HelpFormatter  # noqa: E402
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
@@ -34,7 +35,7 @@ log = logging.getLogger("dtdg_example")
 def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epochs: int,
                  lags: int, dtype: str = "float32") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--data", default=data, help="dataset name (folder under --root), .json path, "
                    "or a CTDG dataset binned by --span")
     p.add_argument("--root", default=os.environ.get("TGL_DIST_DATASETS", str(REPO.parent / "shared" / "datasets")),
@@ -42,17 +43,18 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
     p.add_argument("--parts", default=os.environ.get("TGL_DIST_PARTS", str(REPO / "parts")),
                    help="partitions folder (env TGL_DIST_PARTS); written on first use")
     p.add_argument("--model", default=model, help=f"one of {model_names()}")
-    p.add_argument("--hidden-dim", type=int, default=32)
-    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--hidden-dim", type=int, default=32, help="hidden size of the snapshot model")
+    p.add_argument("--num-layers", type=int, default=2, help="GNN layers per snapshot")
     p.add_argument("--node-embedding", type=int, default=0, metavar="DIM",
                    help="learnable per-node input of size DIM appended to the features "
                         "(a sharded DistEmbedding trained by SparseAdam; 0 = none)")
     p.add_argument("--hist-len", type=int, default=hist_len, help="history snapshots per window")
-    p.add_argument("--epochs", type=int, default=epochs)
-    p.add_argument("--patience", type=int, default=10)
-    p.add_argument("--lr", type=float, default=lr)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=epochs, help="training epochs")
+    p.add_argument("--patience", type=int, default=10,
+                   help="early stopping: epochs without a better validation (dev) metric")
+    p.add_argument("--lr", type=float, default=lr, help="learning rate (Adam)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="Adam weight decay")
+    p.add_argument("--seed", type=int, default=0, help="random seed (parameters, partitioning, sampling)")
     p.add_argument("--algo", default="metis", help="partitioning algorithm (random | metis)")
     p.add_argument("--num-parts", type=int, default=None, help="must equal the world size (default: it)")
     p.add_argument("--lags", type=int, default=lags, help="PGT node-signal files: features = this many past values")
@@ -60,7 +62,7 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
     p.add_argument("--dtype", default=dtype, choices=["float32", "float64"],
                    help="parameter / compute precision")
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, ...)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds a collective waits for a peer; a dead or stuck rank makes the "
                         "others fail with PeerFailureError after at most this long")

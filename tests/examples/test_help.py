@@ -1,0 +1,57 @@
+"""``--help`` of the example scripts: every default said once, none for unset options."""
+import argparse
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tgl_dist.cli import HelpFormatter
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    return re.sub(r"\s+", " ", parser.format_help())
+
+
+def test_formatter_adds_a_default_once():
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    p.add_argument("--seed", type=int, default=0, help="seed")
+    p.add_argument("--lr", type=float, default=None, help="override the config's lr")
+    p.add_argument("--fmt", default=None, help="file format (default: inferred)")
+    p.add_argument("--out", default="parts", help="output root (default: ./parts)")
+    p.add_argument("--quiet", action="store_true", help="no bars")
+    text = _help(p)
+    assert "seed (default: 0)" in text              # 0 is a real default, not "unset"
+    assert "override the config's lr --fmt" in text  # None: nothing added
+    assert "(default: inferred) --out" in text       # the help's own wording kept, once
+    assert text.count("default: ./parts") == 1 and "(default: parts)" not in text
+    assert "no bars" in text and "default: False" not in text
+
+
+def _load(path: Path, name: str):
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(path.parent))
+
+
+@pytest.mark.parametrize("script", ["ctdg/train_tgn.py", "dtdg/_common.py"])
+def test_example_help_has_no_repeated_or_empty_default(script):
+    path = REPO / "examples" / script
+    mod = _load(path, "_help_" + path.stem)
+    parser = (mod.build_parser() if script.startswith("ctdg") else
+              mod.build_parser("Train.", "d", "evolvegcn-o", 10, 0.01, 30, 4))
+    assert parser.formatter_class is HelpFormatter
+    fmt = HelpFormatter(parser.prog)
+    for action in parser._actions:
+        if action.help and action.help != argparse.SUPPRESS:
+            text = fmt._get_help_string(action) % {"default": action.default}
+            assert text.lower().count("default") <= 1, (action.option_strings, text)
+            assert "(default: None)" not in text and "(default: False)" not in text
