@@ -29,7 +29,7 @@
  */
 #include <stdint.h>
 
-#define TGL_PW_ABI 6
+#define TGL_PW_ABI 7
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx2,fma", "default")))
@@ -219,17 +219,19 @@ static void gru_fwd_rows(int64_t i0, int64_t i1, int64_t H, const float *restric
   for (int64_t i = i0; i < i1; ++i) {
     const float *a = gi + i * 3 * H, *b = gh + i * ldh, *hi = h + i * H;
     float *o = out + i * H, *sv = saved + i * 3 * H;
+    /* short loops, one function each: an iteration of one long loop (sigmoid, then
+     * tanh on its result) is a chain of ~40 dependent operations, and successive
+     * iterations barely overlap (measured: 4.1 ns an element against ~1.2 this way;
+     * every element's arithmetic is unchanged) */
     if (rz_in_gi) {
-      for (int64_t j = 0; j < H; ++j) { sv[j] = a[j]; sv[H + j] = a[H + j]; }
+      for (int64_t j = 0; j < 2 * H; ++j) sv[j] = sigmoid_f(a[j]);
     } else {
-      for (int64_t j = 0; j < H; ++j) { sv[j] = a[j] + b[j]; sv[H + j] = a[H + j] + b[H + j]; }
+      for (int64_t j = 0; j < 2 * H; ++j) sv[j] = sigmoid_f(a[j] + b[j]);
     }
     for (int64_t j = 0; j < H; ++j) {
-      const float r = sigmoid_f(sv[j]);
-      const float z = sigmoid_f(sv[H + j]);
-      const float n = tanh_f(a[2 * H + j] + r * b[bn + j]);
-      sv[j] = r; sv[H + j] = z; sv[2 * H + j] = n;
-      o[j] = n + z * (hi[j] - n);
+      const float n = tanh_f(a[2 * H + j] + sv[j] * b[bn + j]);
+      sv[2 * H + j] = n;
+      o[j] = n + sv[H + j] * (hi[j] - n);
     }
   }
 }
@@ -271,10 +273,13 @@ static void gru_bwd_rows(int64_t i0, int64_t i1, int64_t H, const float *restric
       ga[j] = dr;
       ga[H + j] = dz;
       ga[2 * H + j] = dn;
-      if (rz_in_gi) {
-        gb[j] = dn * r[j];
-      } else {
-        gb[j] = dr; gb[H + j] = dz; gb[2 * H + j] = dn * r[j];
+    }
+    /* g_gh (outside the loop above: a branch inside it keeps GCC from vectorising it) */
+    if (rz_in_gi) {
+      for (int64_t j = 0; j < H; ++j) gb[j] = ga[2 * H + j] * r[j];
+    } else {
+      for (int64_t j = 0; j < H; ++j) {
+        gb[j] = ga[j]; gb[H + j] = ga[H + j]; gb[2 * H + j] = ga[2 * H + j] * r[j];
       }
     }
     if (g_h)
