@@ -8,10 +8,13 @@ Times, interleaved so machine noise hits both alike (median over ``--iters``):
   (``tgl_dist/nn/_pointwise.c``) vs torch's ``cos(Linear(dt))``, for time gaps in
   seconds of a month-long stream (``--scale``, the arguments torch's ``cos`` is slow
   on) and for unit-scale gaps;
-- ``F.dropout`` vs :func:`tgl_dist.nn._pointwise.dropout` on a ``[600, 100]`` tensor.
+- ``F.dropout`` vs :func:`tgl_dist.nn._pointwise.dropout` on a ``[600, 100]`` tensor;
+- the GRU cell's gates on ``--gru-rows`` distinct nodes (about 800 a step) of ``--dim``
+  hidden units: :class:`tgl_dist.nn._pointwise.GRUGates` vs torch's ops (forward, and
+  forward + backward).
 
 Run: ``python benchmarks/pointwise.py [--rows 4500] [--dim 100] [--iters 100]
-[--threads 2]``. The last line is one JSON object (microseconds).
+[--gru-rows 800] [--threads 2]``. The last line is one JSON object (microseconds).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tgl_dist.nn._pointwise import KERNEL, CosineTimeEncoding, dropout
+from tgl_dist.nn._pointwise import KERNEL, CosineTimeEncoding, GRUGates, _gates_torch, dropout
 
 
 def timed(fns: dict, iters: int) -> dict:
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scale", type=float, default=2.6e6, help="largest time gap (seconds)")
+    ap.add_argument("--gru-rows", type=int, default=800, help="distinct nodes of the GRU")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lib = KERNEL.load()
@@ -84,6 +88,28 @@ def main() -> None:
               args.iters)
     print(f"dropout [600, 100]: {t['kernel']:.0f} us (torch {t['torch']:.0f})", flush=True)
     res["dropout_torch_us"], res["dropout_kernel_us"] = round(t["torch"], 1), round(t["kernel"], 1)
+    U, H = args.gru_rows, args.dim
+    gi = torch.randn(U, 3 * H, generator=g, requires_grad=True)
+    gh = torch.randn(U, 3 * H, generator=g, requires_grad=True)
+    h = torch.randn(U, H, generator=g)
+    gout = torch.randn(U, H, generator=g)
+
+    def gates(kernel: bool, backward: bool):
+        def run():
+            with torch.set_grad_enabled(backward):
+                out = GRUGates.apply(gi, gh, h, lib) if kernel else _gates_torch(gi, gh, h)
+                if backward:
+                    out.backward(gout)
+        return run
+
+    t = timed({"torch_fwd": gates(False, False), "kernel_fwd": gates(True, False),
+               "torch_fwd_bwd": gates(False, True), "kernel_fwd_bwd": gates(True, True)},
+              args.iters)
+    print(f"GRU gates [{U}, {H}]: forward {t['kernel_fwd']:.0f} us (torch {t['torch_fwd']:.0f}), "
+          f"forward+backward {t['kernel_fwd_bwd']:.0f} us (torch {t['torch_fwd_bwd']:.0f})",
+          flush=True)
+    for k, v in t.items():
+        res[f"gru_gates_{k}_us"] = round(v, 1)
     print(json.dumps(res))
 
 
