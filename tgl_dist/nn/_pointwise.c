@@ -221,8 +221,8 @@ static void gru_fwd_rows(int64_t i0, int64_t i1, int64_t H, const float *restric
     float *o = out + i * H, *sv = saved + i * 3 * H;
     /* short loops, one function each: an iteration of one long loop (sigmoid, then
      * tanh on its result) is a chain of ~40 dependent operations, and successive
-     * iterations barely overlap (measured: 4.1 ns an element against ~1.2 this way;
-     * every element's arithmetic is unchanged) */
+     * iterations barely overlap (one thread, 800 x 100: 350 us in one loop, 273 us
+     * this way; every element's arithmetic is unchanged) */
     if (rz_in_gi) {
       for (int64_t j = 0; j < 2 * H; ++j) sv[j] = sigmoid_f(a[j]);
     } else {
