@@ -10,7 +10,7 @@ from torch_geometric.nn import GCNConv
 from tgl_dist.context import DistributedContext
 from tgl_dist.dist import AllToAllV, PartitionBook
 from tgl_dist.dtdg import DistGraph, Route, build_model, get_graph
-from tgl_dist.dtdg.trainer import all_reduce_gradients
+from tgl_dist.models.parallel import reduce_gradients
 from tgl_dist.testing import run_distributed
 
 from dtdg_graphs import small_graph, to_numpy, to_torch
@@ -30,7 +30,7 @@ def _run_models(graph, dtype=torch.float64):
         y = m.forward_sequence(range(T))            # features from the graph: cached first layer
         (y * coef[graph.owned_ids].to(dtype)).sum().backward()
         params = list(m.parameters())
-        all_reduce_gradients(params, graph.group)
+        reduce_gradients(params, graph.group, average=False)
         out[name] = (y.detach(), {k: p.grad.clone() for (k, _), p in zip(m.named_parameters(), params)})
     return graph.owned_ids, out
 

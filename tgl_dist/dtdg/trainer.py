@@ -2,7 +2,8 @@
 
 One optimiser step per training window (as EvolveGCN's trainer). Every rank runs
 the same windows in the same order; the per-rank losses are normalised by global
-counts, so summing the gradients (``all_reduce_``) gives the full-graph gradient.
+counts, so summing the gradients (``reduce_gradients(..., average=False)``) gives the
+full-graph gradient.
 Evaluation is over the whole split, gathered across ranks (never averaged per window).
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from tgl_dist.dist import all_reduce_, broadcast_object
 from tgl_dist.metrics import EarlyStopMonitor
 from tgl_dist.models.optim import build_optimizer
+from tgl_dist.models.parallel import reduce_gradients
 
 log = logging.getLogger(__name__)
 
@@ -29,23 +31,6 @@ def sync_parameters(module: nn.Module, group=None) -> None:
     (``DistEmbedding``, each rank its own rows) stay as they are."""
     from tgl_dist.models.parallel import broadcast_parameters
     broadcast_parameters(module, 0, group)
-
-
-def all_reduce_gradients(params: List[nn.Parameter], group=None) -> None:
-    """Sum every parameter's gradient over the ranks, in one flat all-reduce (collective)."""
-    from tgl_dist.dist import world
-    if world(group)[1] == 1:
-        return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    all_reduce_(flat, group=group)
-    off = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[off:off + n].view_as(p).clone()
-        off += n
 
 
 StepHook = Callable[["Trainer", int, int], None]
@@ -122,7 +107,7 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             loss = self.task(self.model, w, "train", epoch)
             loss.backward()
-            all_reduce_gradients(self.params, self.group)
+            reduce_gradients(self.params, self.group, average=False)  # losses: global counts
             self.opt.step()
             snaps += len(w["hist_ts"])
             total += float(loss.detach())

@@ -14,7 +14,7 @@ size there, matching the averaging of the dense gradients here.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Set
+from typing import List, Optional, Sequence, Set
 
 import torch
 from torch import nn
@@ -56,20 +56,21 @@ def broadcast_parameters(module: nn.Module, src: int = 0, group=None) -> None:
 
 
 class PendingGradients:
-    """Gradients being averaged over ranks (:func:`all_reduce_gradients` with ``async_op``).
+    """Gradients being reduced over ranks (:func:`reduce_gradients` with ``async_op``).
 
-    ``wait()`` blocks until the all-reduce is done and writes the averages into the
-    parameters' ``.grad``; until then the gradients hold this rank's values.
+    ``wait()`` blocks until the all-reduce is done and writes the sums (divided by
+    ``divisor``) into the parameters' ``.grad``; until then they hold this rank's values.
     """
 
-    def __init__(self, params: List[nn.Parameter], flat: Optional[Pending], ws: int) -> None:
-        self.params, self.flat, self.ws = params, flat, ws
+    def __init__(self, params: List[nn.Parameter], flat: Optional[Pending], divisor: int) -> None:
+        self.params, self.flat, self.divisor = params, flat, divisor
 
     def wait(self) -> None:
         if self.flat is None:
             return
         flat, self.flat = self.flat.wait(), None
-        flat /= self.ws
+        if self.divisor != 1:
+            flat /= self.divisor
         off = 0
         for p in self.params:
             n = p.numel()
@@ -79,6 +80,30 @@ class PendingGradients:
             else:
                 p.grad.copy_(g)
             off += n
+
+
+def reduce_gradients(params: Sequence[nn.Parameter], group=None, average: bool = True,
+                     async_op: bool = False) -> Optional[PendingGradients]:
+    """Sum (``average=False``) or average the gradients of ``params`` over ranks, in one
+    flat all-reduce (collective).
+
+    Parameters without a gradient on this rank count as zero gradient, so every rank
+    contributes a buffer of the same size. CTDG training averages
+    (:func:`all_reduce_gradients`); the DTDG trainer sums, its losses being normalised by
+    global counts already. With ``async_op=True`` it returns at once a
+    :class:`PendingGradients`; call its ``wait()`` before the optimizer step.
+    """
+    ws = world(group)[1]
+    params = list(params)
+    if ws == 1 or not params:
+        return PendingGradients([], None, 1) if async_op else None
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in params])
+    pending = PendingGradients(params, all_reduce_async(flat, group), ws if average else 1)
+    if async_op:
+        return pending
+    pending.wait()
+    return None
 
 
 def all_reduce_gradients(module: nn.Module, group=None,
@@ -93,14 +118,5 @@ def all_reduce_gradients(module: nn.Module, group=None,
     :func:`tgl_dist.models.run_epoch` writes the mailbox back while the gradients travel
     (on gloo the two proceed together; measured in ``benchmarks/RESULTS.md``).
     """
-    ws = world(group)[1]
-    if ws == 1:
-        return PendingGradients([], None, 1) if async_op else None
-    params = [p for p in module.parameters() if p.requires_grad]
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in params])
-    pending = PendingGradients(params, all_reduce_async(flat, group), ws)
-    if async_op:
-        return pending
-    pending.wait()
-    return None
+    return reduce_gradients([p for p in module.parameters() if p.requires_grad], group,
+                            average=True, async_op=async_op)
