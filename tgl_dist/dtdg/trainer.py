@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from tgl_dist.dist import all_reduce_, broadcast_object
+from tgl_dist.dist import all_reduce_
 from tgl_dist.metrics import EarlyStopMonitor
 from tgl_dist.models.optim import build_optimizer
 from tgl_dist.models.parallel import reduce_gradients
