@@ -33,12 +33,13 @@ def _reference(dt, w, b):
 
 
 @needs_kernel
+@pytest.mark.parametrize("d", [50, 300])   # 300: a row wider than the kernel's column chunk
 @pytest.mark.parametrize("scale", [1.0, 1e3, 3e6, 1e9])
-def test_time_encoding_matches_float64_reference(scale):
-    dt, w, b = _inputs(700, 50, scale)
+def test_time_encoding_matches_float64_reference(scale, d):
+    dt, w, b = _inputs(700, d, scale)
     ref, z = _reference(dt, w, b)
     out = CosineTimeEncoding.apply(dt, w, b, LIB)
-    assert out.dtype == torch.float32 and out.shape == (700, 50)
+    assert out.dtype == torch.float32 and out.shape == (700, d)
     # within ~1.5 units in the last place of the exact cosine of the same float32 z
     # (the polynomials run in float; one unit is 6e-8 for values in [0.5, 1))
     assert (out.double() - ref).abs().max() <= 1e-7
@@ -47,12 +48,13 @@ def test_time_encoding_matches_float64_reference(scale):
 
 
 @needs_kernel
+@pytest.mark.parametrize("d", [30, 300])
 @pytest.mark.parametrize("scale", [1.0, 1e5])
-def test_time_encoding_gradients_match_float64_reference(scale):
-    dt, w, b = _inputs(400, 30, scale, seed=1)
+def test_time_encoding_gradients_match_float64_reference(scale, d):
+    dt, w, b = _inputs(400, d, scale, seed=1)
     dt64, w64, b64 = (t.double().requires_grad_() for t in (dt, w, b))
     dt32, w32, b32 = (t.clone().requires_grad_() for t in (dt, w, b))
-    g = torch.randn(400, 30, dtype=torch.float64)
+    g = torch.randn(400, d, dtype=torch.float64)
     # the reference takes the sine at the same float32 z as the kernel
     z = torch.addmm(b, dt.view(-1, 1), w.view(1, -1)).double()
     gz = -g * torch.sin(z)
