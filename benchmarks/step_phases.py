@@ -101,6 +101,7 @@ def _swaps(base: str, specs):
             raise SystemExit(f"--swap {spec!r}: {mod_name} does not exist at {base}")
         loaded = importlib.util.spec_from_file_location(f"_base_{len(out)}_{mod_name}", path)
         old_mod = importlib.util.module_from_spec(loaded)
+        sys.modules[loaded.name] = old_mod   # dataclasses look their module up there
         loaded.loader.exec_module(old_mod)
         new_owner, old_owner = importlib.import_module(mod_name), old_mod
         *parents, name = attr.split(".")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -69,8 +69,8 @@ class EventSet:
         if n > 1 and bool((self.eid[1:] <= self.eid[:-1]).any()):
             raise ValueError("EventSet eids must be strictly increasing (chronological)")
 
-    def select(self, idx: Tensor) -> "EventSet":
-        """The events at positions ``idx``."""
+    def select(self, idx: Union[Tensor, slice]) -> "EventSet":
+        """The events at positions ``idx`` (a slice gives views)."""
         return EventSet(self.src[idx], self.dst[idx], self.t[idx], self.eid[idx], self.name)
 
 

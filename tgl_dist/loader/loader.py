@@ -206,7 +206,7 @@ class DistributedDataLoader:
 
     # ------------------------------------------------------------------ steps
     def _roots(self, w: Window, epoch: int) -> Tuple[Roots, dict]:
-        ev = self.data.select(torch.arange(w.lo, w.hi))
+        ev = self.data.select(slice(w.lo, w.hi))
         B = len(ev)
         nodes, ts = [ev.src, ev.dst], [ev.t, ev.t]
         ar = torch.arange(B)

@@ -40,10 +40,12 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from tgl_dist.sampling.hashing import GOLDEN, mix64_int, wrap64
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("_sampler.c")
-ABI = 5
+ABI = 6
 FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC", "-pthread")
 # the model kernels: no floating-point traps assumed (lets GCC if-convert and vectorise
 # branch-free selects; values are unchanged), with OpenMP when the compiler has it
@@ -139,7 +141,8 @@ def load(path: Path) -> ctypes.CDLL:
         "tgl_count": (_I64, [_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _INT, _P, _P, _P, _INT]),
         "tgl_fill": (_INT, [_P, _P, _P, _I64, _I64, _INT, _I64, _P, _P, _P,
                             _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _INT]),
-        "tgl_unique_first": (_I64, [_I64, _P, _P, _P, _P, _P])})
+        "tgl_unique_first": (_I64, [_I64, _P, _P, _P, _P, _P]),
+        "tgl_draw_below": (None, [ctypes.c_uint64, _I64, _P, _I64, _I64, _P])})
 
 
 class Records:
@@ -212,6 +215,16 @@ class Kernel:
         U = self.lib.tgl_unique_first(n, keys.data_ptr(), buf[2 * n:3 * n].data_ptr(),
                                       buf[3 * n:].data_ptr(), first.data_ptr(), inv.data_ptr())
         return first[:U], inv
+
+    def draw_below(self, seed: int, keys: Tensor, k: int, n: int) -> Tensor:
+        """``uniform_below(hash_keys(seed, keys.view(1, -1), arange(k).view(k, 1)), n)``
+        ``[k, B]`` (:mod:`tgl_dist.sampling.hashing`, the same values) for CPU int64
+        ``keys [B]``, in one pass (~40 tensor operations in torch)."""
+        keys = keys.contiguous()
+        out = torch.empty(k, keys.numel(), dtype=torch.long)
+        h = mix64_int(wrap64(int(seed)) + GOLDEN) & ((1 << 64) - 1)
+        self.lib.tgl_draw_below(h, keys.numel(), keys.data_ptr(), k, n, out.data_ptr())
+        return out
 
     def _count(self, r: Records, nodes: Tensor, ts: Tensor, hint: Optional[Tensor], k: int, uniform: bool,
                threads: int):

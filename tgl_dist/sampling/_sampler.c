@@ -362,5 +362,17 @@ int64_t tgl_unique_first(int64_t n, const int64_t *keys, int64_t *order, int64_t
   return U;
 }
 
+/* Counter-based draws of uniform integers below n, for keys [B] and counters 0..k-1
+ * (tgl_dist/sampling/hashing.py in one pass, the same bits): out[j * B + i] =
+ * (mix64((j ^ mix64((key[i] ^ h) + G)) + G) >> 1) mod n, h an already mixed seed. */
+void tgl_draw_below(uint64_t h, int64_t B, const int64_t *key, int64_t k, int64_t n,
+                    int64_t *out) {
+  for (int64_t i = 0; i < B; ++i) {
+    const uint64_t a = mix64(((uint64_t)key[i] ^ h) + GOLDEN);
+    for (int64_t j = 0; j < k; ++j)
+      out[j * B + i] = (int64_t)((mix64(((uint64_t)j ^ a) + GOLDEN) >> 1) % (uint64_t)n);
+  }
+}
+
 /* Version tag checked by the loader (bump when the signatures above change). */
-int64_t tgl_abi(void) { return 5; }
+int64_t tgl_abi(void) { return 6; }

@@ -7,9 +7,8 @@ Shapes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict
 
-import torch
 from torch import Tensor
 
 

@@ -37,6 +37,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from tgl_dist.sampling._ckernel import SAMPLER
 from tgl_dist.sampling.hashing import hash_keys, uniform_below
 
 log = logging.getLogger(__name__)
@@ -130,9 +131,12 @@ class BoundNegatives:
         k = self.cfg.num_neg
         if self.pool.numel() == 0:
             raise ValueError(f"split {self.split!r}: no destination ids to draw negatives from")
-        j = torch.arange(k).view(k, 1)
-        h = hash_keys(self._key(epoch), eid.view(1, -1), j)
-        return self.pool[uniform_below(h, torch.tensor(self.pool.numel()))]
+        n = self.pool.numel()
+        kern = SAMPLER.get() if eid.device.type == "cpu" and eid.dtype == torch.long else None
+        if kern is not None:   # the same draws in one pass
+            return self.pool[kern.draw_below(self._key(epoch), eid, k, n)]
+        h = hash_keys(self._key(epoch), eid.view(1, -1), torch.arange(k).view(k, 1))
+        return self.pool[uniform_below(h, torch.tensor(n))]
 
     # ------------------------------------------------------- historical pairs
     def _index_pairs(self, s: Stream) -> None:
