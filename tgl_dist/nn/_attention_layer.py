@@ -26,6 +26,11 @@ from tgl_dist.nn._attention_kernel import segment_backward, segment_forward
 from tgl_dist.nn._pointwise import time_encoding_backward, time_encoding_forward
 
 
+def _heads(m: Tensor, H: int) -> Tensor:
+    """``[H, D, c]`` view of the ``[D, H * c]`` matrix ``m`` (head j: columns ``j c .. (j+1) c - 1``)."""
+    return m.view(m.size(0), H, -1).transpose(0, 1)
+
+
 def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
                 ) -> Tuple[Tensor, Optional[Tensor]]:
     """The query side of ``q . k_j = (W_k^T q) . x_j + q . b_k``, per destination and head.
@@ -92,26 +97,25 @@ class AttentionLayer(torch.autograd.Function):
         gv, g_hdst = g_vh[:, :d], g_vh[:, d:]
         h_dst = vh[:, d:]
         # v_j = W_v,j agg_j + b_v,j asum_j
-        w_k, w_v = w_kv.split([d, d], 0)
-        b_k, b_v = b_kv.split([d, d], 0)
+        # (every product per head j, batched over the heads: [H, ...] views)
+        w_k, w_v = w_kv.view(2, H, c, -1).unbind(0)                           # [H, c, C]
+        b_k, b_v = b_kv.view(2, H, c).unbind(0)
         g_wkv, g_bkv = torch.empty_like(w_kv), torch.empty_like(b_kv)
-        g_agg, g_asum = torch.empty_like(agg), torch.empty_like(asum)
-        for j in range(H):
-            sj, sv = slice(j * c, (j + 1) * c), slice(d + j * c, d + (j + 1) * c)
-            gvj = gv[:, sj]
-            torch.mm(gvj.t(), agg[:, j], out=g_wkv[sv])
-            torch.mm(gvj, w_v[sj], out=g_agg[:, j])
-            torch.mv(gvj.t(), asum[:, j], out=g_bkv[sv])
-            torch.mv(gvj, b_v[sj], out=g_asum[:, j])
+        g_agg = torch.empty_like(agg)
+        gvh = gv.view(D, H, c)
+        torch.bmm(gvh.permute(1, 2, 0), agg.transpose(0, 1), out=g_wkv[d:].view(H, c, -1))
+        torch.bmm(gvh.transpose(0, 1), w_v, out=g_agg.transpose(0, 1))
+        torch.sum(gvh * asum.unsqueeze(2), 0, out=g_bkv[d:].view(H, c))
+        g_asum = (gvh * b_v).sum(2)
         g_qk, g_qb, g_h, g_x = segment_backward(att, att.threads(), qk, True, h, idx, x, ptr,
                                                 att_mask, 0.2, s, alpha, g_agg, g_asum)
         # qk_j = W_k,j^T q_j, qb_j = q_j . b_k,j
         g_q = torch.empty(D, d)
-        for j in range(H):
-            sj = slice(j * c, (j + 1) * c)
-            torch.addmm(g_qb[:, j:j + 1] * b_k[sj], g_qk[:, j], w_k[sj].t(), out=g_q[:, sj])
-            torch.mm(q[:, sj].t(), g_qk[:, j], out=g_wkv[sj])
-            torch.mv(q[:, sj].t(), g_qb[:, j], out=g_bkv[sj])
+        qh = q.view(D, H, c)
+        torch.baddbmm(g_qb.t().unsqueeze(2) * b_k.unsqueeze(1), g_qk.transpose(0, 1),
+                      w_k.transpose(1, 2), out=_heads(g_q, H))
+        torch.bmm(qh.permute(1, 2, 0), g_qk.transpose(0, 1), out=g_wkv[:d].view(H, c, -1))
+        torch.sum(qh * g_qb.unsqueeze(2), 0, out=g_bkv[:d].view(H, c))
         # q = W_qh h_dst + W_qt cos(b) + b_q
         w_qh, w_qt = w_q.split([dn, dtd], 1)
         g_wq = torch.empty_like(w_q)
@@ -160,10 +164,9 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
     qk, qb = query_terms(q, w_k, b_k, H)                                 # [D, H, C], [D, H]
     agg, asum, s, alpha = segment_forward(att, att.threads(), qk, qb, h, idx, x, ptr,
                                           att_mask, 0.2)
-    # sum_e a_e v_e = W_v,j agg_j + b_v,j asum_j per head
-    for j in range(H):
-        torch.addmm(asum[:, j:j + 1] * b_v[j * c:(j + 1) * c], agg[:, j],
-                    w_v[j * c:(j + 1) * c].t(), out=vh[:, j * c:(j + 1) * c])
+    # sum_e a_e v_e = W_v,j agg_j + b_v,j asum_j per head j (batched over the heads)
+    torch.baddbmm(asum.t().unsqueeze(2) * b_v.view(H, 1, c), agg.transpose(0, 1),
+                  w_v.view(H, c, -1).transpose(1, 2), out=_heads(vh[:, :d], H))
     o = torch.addmm(b_o, vh, w_o.t())
     r = torch.relu(o if out_mask is None else o * out_mask)
     z, mean, rstd = torch.native_layer_norm(r, [d], ln_w, ln_b, ln_eps)
