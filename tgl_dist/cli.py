@@ -18,3 +18,22 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default" in text.lower() or unset or action.default == argparse.SUPPRESS:
             return text
         return super()._get_help_string(action)
+
+
+def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps") -> None:
+    """The options every training script shares: ``--timeout`` and the checkpoint ones
+    (``--checkpoint-dir``, ``--checkpoint-every``, ``--checkpoint-keep-every``,
+    ``--resume``); ``step`` names what ``--checkpoint-every N`` counts."""
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a collective waits for a peer; a dead or stuck rank makes the "
+                        "others fail with PeerFailureError after at most this long")
+    p.add_argument("--checkpoint-dir", default=None, help="write versioned checkpoints here")
+    p.add_argument("--checkpoint-every", default="1e",
+                   help=f"N (or Ns): every N {step}, counted over the run; Ne: every N epochs. "
+                        "One is always written after the last epoch")
+    p.add_argument("--checkpoint-keep-every", type=int, default=0,
+                   help="also keep a snapshot every N epochs: the last checkpoint version at or "
+                        "before epochs N, 2N, ... (default 0: only the latest)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run committed in --checkpoint-dir up to --epochs in total "
+                        "(starts from scratch when nothing is committed yet)")

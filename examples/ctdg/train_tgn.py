@@ -54,7 +54,7 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 from tgl_dist import DistributedContext  # noqa: E402
 from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint, capture,  # noqa: E402
                                  config_dict, partition_identity, restore)
-from tgl_dist.cli import HelpFormatter  # noqa: E402
+from tgl_dist.cli import HelpFormatter, add_run_arguments  # noqa: E402
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
 from tgl_dist.errors import PeerFailureError, TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
@@ -99,19 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-nodes", type=int, default=None, help="synthetic: nodes")
     p.add_argument("--num-events", type=int, default=None, help="synthetic: events")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds a collective waits for a peer; a dead or stuck rank makes the "
-                        "others fail with PeerFailureError after at most this long")
-    p.add_argument("--checkpoint-dir", default=None, help="write versioned checkpoints here")
-    p.add_argument("--checkpoint-every", default="1e",
-                   help="N (or Ns): every N training steps, counted over the run; Ne: every N "
-                        "epochs. One is always written after the last epoch")
-    p.add_argument("--checkpoint-keep-every", type=int, default=0,
-                   help="also keep a snapshot every N epochs: the last checkpoint version at or "
-                        "before epochs N, 2N, ... (0: only the latest)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run committed in --checkpoint-dir up to --epochs in total "
-                        "(starts from scratch when nothing is committed yet)")
+    add_run_arguments(p)
     return p
 
 

@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 from tgl_dist import DistributedContext  # noqa: E402
 from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint,  # noqa: E402
                                  partition_identity)
-from tgl_dist.cli import HelpFormatter  # noqa: E402
+from tgl_dist.cli import HelpFormatter, add_run_arguments  # noqa: E402
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
@@ -63,19 +63,7 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
     p.add_argument("--dtype", default=dtype, choices=["float32", "float64"],
                    help="parameter / compute precision")
     p.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, ...)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds a collective waits for a peer; a dead or stuck rank makes the "
-                        "others fail with PeerFailureError after at most this long")
-    p.add_argument("--checkpoint-dir", default=None, help="write versioned checkpoints here")
-    p.add_argument("--checkpoint-every", default="1e",
-                   help="N (or Ns): every N training windows (optimiser steps), counted over the "
-                        "run; Ne: every N epochs. One is always written after the last epoch")
-    p.add_argument("--checkpoint-keep-every", type=int, default=0,
-                   help="also keep a snapshot every N epochs: the last checkpoint version at or "
-                        "before epochs N, 2N, ... (0: only the latest)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run committed in --checkpoint-dir up to --epochs in total "
-                        "(starts from scratch when nothing is committed yet)")
+    add_run_arguments(p, "training windows (optimiser steps)")
     return p
 
 
