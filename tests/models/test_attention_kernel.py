@@ -170,13 +170,15 @@ def test_layer_attention_dropout_through_the_kernel_is_a_mask_on_the_weights():
 
 
 @needs_kernel
-@pytest.mark.parametrize("dim_edge", [0, 3])
-def test_fused_layer_in_training_equals_the_per_edge_path_with_the_same_masks(dim_edge):
+@pytest.mark.parametrize("dim_edge,num_head", [(0, 2), (3, 2), (3, 1), (0, 4)])
+def test_fused_layer_in_training_equals_the_per_edge_path_with_the_same_masks(dim_edge, num_head):
     """Both dropouts on: the one-node layer (kernel path) draws the attention mask and
     then the output mask as the differentiable per-edge path does, so under the same
-    seed outputs and every gradient agree; and its graph is one node over the leaves."""
+    seed outputs and every gradient agree (its products batched over any number of
+    heads); and its graph is one node over the leaves."""
     torch.manual_seed(0)
-    layer = TemporalAttention(8, dim_edge, 4, 8, num_head=2, dropout=0.3, att_dropout=0.4).train()
+    layer = TemporalAttention(8, dim_edge, 4, 8, num_head=num_head, dropout=0.3,
+                              att_dropout=0.4).train()
     _, mfgs, _ = make_batch(6, 30, [4], dim_edge=dim_edge, seed=2)
     b = mfgs[0]
     rows = torch.randint(0, 7, (b.num_src,))
