@@ -47,6 +47,23 @@ def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
     return qk, qb
 
 
+def value_terms(agg: Tensor, asum: Tensor, w_v: Tensor, b_v: Optional[Tensor],
+                out: Optional[Tensor] = None) -> Tensor:
+    """``sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v sum_j a_j`` per head, heads concatenated.
+
+    ``agg [D, H, C]`` (sum_j a_j x_j), ``asum [D, H]`` (sum_j a_j), ``w_v [d, C]``,
+    ``b_v [d]`` or ``None`` -> ``[D, d]``; written into ``out [D, d]`` (no autograd) when
+    given. One product batched over the heads.
+    """
+    D, H, _ = agg.shape
+    c = w_v.size(0) // H
+    a, w = agg.transpose(0, 1), w_v.view(H, c, -1).transpose(1, 2)       # [H, D, C], [H, C, c]
+    o = None if out is None else _heads(out, H)
+    v = (torch.bmm(a, w, out=o) if b_v is None
+         else torch.baddbmm(asum.t().unsqueeze(2) * b_v.view(H, 1, c), a, w, out=o))
+    return out if out is not None else v.transpose(0, 1).reshape(D, H * c)
+
+
 class AttentionLayer(torch.autograd.Function):
     """``apply(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, num_head, kernels, te_w,
     te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps) -> [D, d]``.
@@ -147,7 +164,6 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
     att, pw = kernels
     H, D, dn = num_head, dst_rows.numel(), h.size(1)
     d, dtd = w_q.size(0), te_w.numel()
-    c = d // H
     h = h.contiguous()
     # [v || h_dst]: the output product's input, one [D, d + dn] matrix
     vh = torch.empty(D, d + dn)
@@ -164,9 +180,8 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
     qk, qb = query_terms(q, w_k, b_k, H)                                 # [D, H, C], [D, H]
     agg, asum, s, alpha = segment_forward(att, att.threads(), qk, qb, h, idx, x, ptr,
                                           att_mask, 0.2)
-    # sum_e a_e v_e = W_v,j agg_j + b_v,j asum_j per head j (batched over the heads)
-    torch.baddbmm(asum.t().unsqueeze(2) * b_v.view(H, 1, c), agg.transpose(0, 1),
-                  w_v.view(H, c, -1).transpose(1, 2), out=_heads(vh[:, :d], H))
+    # sum_e a_e v_e = W_v,j agg_j + b_v,j asum_j per head j
+    value_terms(agg, asum, w_v, b_v, out=vh[:, :d])
     o = torch.addmm(b_o, vh, w_o.t())
     r = torch.relu(o if out_mask is None else o * out_mask)
     z, mean, rstd = torch.native_layer_norm(r, [d], ln_w, ln_b, ln_eps)

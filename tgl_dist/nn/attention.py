@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tgl_dist.nn._attention_kernel import SegmentAttention, get_attention_kernel, kernel_usable
-from tgl_dist.nn._attention_layer import AttentionLayer, attention_layer, query_terms
+from tgl_dist.nn._attention_layer import (AttentionLayer, attention_layer, query_terms,
+                                          value_terms)
 from tgl_dist.nn._pointwise import KERNEL as POINTWISE
 from tgl_dist.nn._pointwise import Dropout, dropout_mask
 from tgl_dist.nn.time_encoding import TimeEncode
@@ -79,21 +80,6 @@ def csr_offsets(block: Block) -> Optional[Tensor]:
     return ptr
 
 
-def _value_out(agg: Tensor, asum: Tensor, w_v: Tensor, b_v: Optional[Tensor]) -> Tensor:
-    """``sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v sum_j a_j`` per head, heads concatenated.
-
-    ``agg [D, H, C]`` (sum_j a_j x_j), ``asum [D, H]`` (sum_j a_j), ``w_v [d, C]``,
-    ``b_v [d]`` or ``None`` -> ``[D, d]``.
-    """
-    D, H, C = agg.shape
-    d = w_v.size(0)
-    c = d // H
-    out = torch.bmm(agg.transpose(0, 1), w_v.view(H, c, C).transpose(1, 2)).transpose(0, 1)
-    if b_v is not None:
-        out = out + asum.unsqueeze(-1) * b_v.view(H, c)
-    return out.reshape(D, d)
-
-
 def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
                    b_v: Optional[Tensor], hs: Optional[Tensor], idx: Optional[Tensor],
                    x: Tensor, ptr: Tensor, num_head: int, leaky: bool, att_dropout: nn.Module,
@@ -120,7 +106,7 @@ def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     mask = _mask(att_dropout, (M, H), x)
     agg, asum = SegmentAttention.apply(qk, qb, hs, idx, x, ptr, mask, 0.2 if leaky else None,
                                        lib, lib.threads())  # [D, H, C], [D, H]
-    return _value_out(agg, asum, w_v, b_v)
+    return value_terms(agg, asum, w_v, b_v)
 
 
 class _PaddedScores(torch.autograd.Function):
@@ -202,7 +188,7 @@ def padded_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,
     att = torch.softmax(scores.masked_fill(~valid, -1e30), 1) * valid
     att = att_dropout(att).transpose(1, 2).contiguous()                   # [D, H, K]
     agg = _PaddedAggregate.apply(att, xp)                                  # [D, H, C]
-    return _value_out(agg, att.sum(-1), w_v, b_v)
+    return value_terms(agg, att.sum(-1), w_v, b_v)
 
 
 class TemporalAttention(nn.Module):
