@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling.hashing import GOLDEN, mix64_int, wrap64
+from tgl_dist.sampling.hashing import seed_state
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +222,8 @@ class Kernel:
         ``keys [B]``, in one pass (~40 tensor operations in torch)."""
         keys = keys.contiguous()
         out = torch.empty(k, keys.numel(), dtype=torch.long)
-        h = mix64_int(wrap64(int(seed)) + GOLDEN) & ((1 << 64) - 1)
-        self.lib.tgl_draw_below(h, keys.numel(), keys.data_ptr(), k, n, out.data_ptr())
+        self.lib.tgl_draw_below(seed_state(seed) & ((1 << 64) - 1), keys.numel(), keys.data_ptr(),
+                                k, n, out.data_ptr())
         return out
 
     def _count(self, r: Records, nodes: Tensor, ts: Tensor, hint: Optional[Tensor], k: int, uniform: bool,

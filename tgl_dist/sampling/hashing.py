@@ -56,11 +56,16 @@ def mix64_int(x: int) -> int:
     return wrap64(x ^ (x >> 31))
 
 
+def seed_state(seed: int) -> int:
+    """The hash state :func:`hash_keys` starts from: ``mix64(seed + GOLDEN)`` (signed int64)."""
+    return mix64_int(wrap64(int(seed)) + GOLDEN)
+
+
 def hash_keys(seed: int, *keys: Union[int, Tensor]) -> Tensor:
     """Hash a seed and any number of broadcastable int64 keys (tensors or Python ints) to
     int64. Leading integer keys are hashed in Python (a per-step scalar key costs ~1 us
     instead of ~100 us of one-element tensor operations); the result is the same."""
-    h = mix64_int(wrap64(int(seed)) + GOLDEN)
+    h = seed_state(seed)
     i = 0
     while i < len(keys) and isinstance(keys[i], int):
         h = mix64_int((h ^ wrap64(keys[i])) + GOLDEN)
