@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import List, Optional, Tuple
+
+from tgl_dist.checkpoint.recovery import Every
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -37,3 +40,18 @@ def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps") 
     p.add_argument("--resume", action="store_true",
                    help="continue the run committed in --checkpoint-dir up to --epochs in total "
                         "(starts from scratch when nothing is committed yet)")
+
+
+def parse_run_arguments(p: argparse.ArgumentParser, argv: Optional[List[str]] = None
+                        ) -> Tuple[argparse.Namespace, Every]:
+    """``p.parse_args(argv)`` and the checkpoint schedule of :func:`add_run_arguments`'
+    options: ``(args, Every)``. A bad ``--checkpoint-every``, or ``--resume`` without
+    ``--checkpoint-dir``, exits with the parser's usage error."""
+    args = p.parse_args(argv)
+    try:
+        every = Every.parse(args.checkpoint_every)
+    except ValueError as e:
+        p.error(str(e))
+    if args.resume and not args.checkpoint_dir:
+        p.error("--resume needs --checkpoint-dir")
+    return args, every

@@ -52,9 +52,9 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist import DistributedContext  # noqa: E402
-from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint, capture,  # noqa: E402
+from tgl_dist.checkpoint import (CheckpointError, RunCheckpoint, capture,  # noqa: E402
                                  config_dict, partition_identity, restore)
-from tgl_dist.cli import HelpFormatter, add_run_arguments  # noqa: E402
+from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments  # noqa: E402
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
 from tgl_dist.errors import PeerFailureError, TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
@@ -134,14 +134,7 @@ def ensure_partition(args, ctx) -> Path:
 
 
 def main(argv=None) -> dict:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        every = Every.parse(args.checkpoint_every)
-    except ValueError as e:
-        parser.error(str(e))
-    if args.resume and not args.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir")
+    args, every = parse_run_arguments(build_parser(), argv)
     # the library logs warnings only; this script's own progress lines are INFO
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)

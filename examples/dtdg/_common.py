@@ -19,9 +19,9 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist import DistributedContext  # noqa: E402
-from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint,  # noqa: E402
+from tgl_dist.checkpoint import (CheckpointError, RunCheckpoint,  # noqa: E402
                                  partition_identity)
-from tgl_dist.cli import HelpFormatter, add_run_arguments  # noqa: E402
+from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments  # noqa: E402
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
@@ -139,14 +139,7 @@ def _checkpointing(args, ctx, trainer, info, every) -> RunCheckpoint:
 
 
 def _run(doc: str, task: str, **defaults) -> dict:
-    parser = build_parser(doc, **defaults)
-    args = parser.parse_args()
-    try:
-        every = Every.parse(args.checkpoint_every)
-    except ValueError as e:
-        parser.error(str(e))
-    if args.resume and not args.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir")
+    args, every = parse_run_arguments(build_parser(doc, **defaults))
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     random.seed(args.seed)

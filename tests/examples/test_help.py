@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tgl_dist.cli import HelpFormatter
+from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,3 +55,31 @@ def test_example_help_has_no_repeated_or_empty_default(script):
             text = fmt._get_help_string(action) % {"default": action.default}
             assert text.lower().count("default") <= 1, (action.option_strings, text)
             assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="train.py")
+    add_run_arguments(p)
+    return p
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], (1, "epochs")), (["--checkpoint-every", "500"], (500, "steps")),
+    (["--checkpoint-every", "3e", "--checkpoint-dir", "ck", "--resume"], (3, "epochs")),
+])
+def test_parse_run_arguments_gives_the_checkpoint_schedule(argv, expected):
+    args, every = parse_run_arguments(_run_parser(), argv)
+    assert (every.n, every.unit) == expected
+    assert args.checkpoint_every == (argv[1] if argv else "1e")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--checkpoint-every", "x"], "--checkpoint-every: expected N (steps), Ns or Ne"),
+    (["--checkpoint-every", "0"], "with N >= 1"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+])
+def test_parse_run_arguments_rejects_bad_checkpoint_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_run_arguments(_run_parser(), argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
