@@ -310,7 +310,7 @@ class TemporalAttention(nn.Module):
         return attention_layer(*args)[0]
 
     def forward(self, block: Block, h: Tensor, rows: Optional[Tensor] = None) -> Tensor:
-        D, M, H = block.num_dst, block.num_edges, self.num_head
+        D, M = block.num_dst, block.num_edges
         seg = self._segment(block, h, rows) if M else None
         if seg is not None:
             out = self._fused(block, h, rows, seg)
@@ -321,8 +321,7 @@ class TemporalAttention(nn.Module):
         if M == 0:
             agg = h.new_zeros((D, self.dim_out))
         else:
-            src, dst = block.edge_index[0], block.edge_index[1]
-            dn, de = self.dim_node, self.dim_edge
+            dn = self.dim_node
             # q = W_q [h_i || phi(0)]: the phi(0) part is a constant vector. Weights are cut
             # with split, not slicing: its backward writes the parts' gradients into one
             # tensor (one copy) where each slice's backward zero-fills a full-size one
@@ -336,32 +335,46 @@ class TemporalAttention(nn.Module):
             agg = self._attend(block, h, rows, (q.contiguous(), w_k, b_k, w_v, b_v), seg,
                                layout, True)
         elif M:
-            # k, v = W_kv [h_j || e_ij || phi(dt)], as three products (no concatenated copy)
-            w = self.w_kv.weight
-            kv = F.linear(self.time_enc(block.edata["dt"]), w[:, dn + de:], self.w_kv.bias)
-            if dn and rows is not None:
-                kv = kv + F.linear(h, w[:, :dn])[rows[src]]
-            elif dn:
-                h_src = h[D:D + M] if _is_tail_range(src, D, M, h.size(0)) else h[src]
-                kv = torch.addmm(kv, h_src, w[:, :dn].t())
-            if de:
-                f = block.edata["f"].float()
-                first, inv = unique_first(block.edata["ID"]) if "ID" in block.edata else (None, None)
-                if first is not None and 2 * first.numel() < M:
-                    kv = kv + F.linear(f[first], w[:, dn:dn + de])[inv]
-                else:
-                    kv = torch.addmm(kv, f, w[:, dn:dn + de].t())
-            k, v = kv.view(M, 2, H, -1).unbind(1)
-            logits = F.leaky_relu((q.view(D, H, -1)[dst] * k).sum(-1), 0.2)
-            att = self.att_dropout(edge_softmax(logits, dst, D))
-            msg = (v * att.unsqueeze(-1)).reshape(M, self.dim_out)
-            agg = h.new_zeros((D, self.dim_out)).index_add_(0, dst, msg)
+            agg = self._per_edge(block, h, rows, q, self.w_kv.bias, 0.2)
         if self.dim_node:
             w_a, w_h = self.w_out.weight.split([self.dim_out, self.dim_node], 1)
             out = torch.addmm(torch.addmm(self.w_out.bias, agg, w_a.t()), h_dst, w_h.t())
         else:
             out = F.linear(agg, self.w_out.weight, self.w_out.bias)
         return self.layer_norm(F.relu(self.dropout(out)))
+
+
+    def _per_edge(self, block: Block, h: Tensor, rows: Optional[Tensor], q: Tensor,
+                  bias: Optional[Tensor], slope: Optional[float]) -> Tensor:
+        """The per-edge torch form: ``k, v = W_kv [h_j || e_ij || phi(dt)] (+ bias)`` for
+        every edge, scores ``q_i . k_j`` per head (LeakyReLU(``slope``) unless ``None``),
+        softmax over each destination's edges, dropout -> ``sum_j a_ij v_j [D, width]``."""
+        D, M, H = block.num_dst, block.num_edges, self.num_head
+        src, dst = block.edge_index[0], block.edge_index[1]
+        dn, de = self.dim_node, self.dim_edge
+        # three products (no concatenated copy of the edge rows)
+        w = self.w_kv.weight
+        kv = F.linear(self.time_enc(block.edata["dt"]), w[:, dn + de:], bias)
+        if dn and rows is not None:
+            kv = kv + F.linear(h, w[:, :dn])[rows[src]]
+        elif dn:
+            h_src = h[D:D + M] if _is_tail_range(src, D, M, h.size(0)) else h[src]
+            kv = torch.addmm(kv, h_src, w[:, :dn].t())
+        if de:
+            f = block.edata["f"].float()
+            first, inv = unique_first(block.edata["ID"]) if "ID" in block.edata else (None, None)
+            if first is not None and 2 * first.numel() < M:
+                kv = kv + F.linear(f[first], w[:, dn:dn + de])[inv]
+            else:
+                kv = torch.addmm(kv, f, w[:, dn:dn + de].t())
+        k, v = kv.view(M, 2, H, -1).unbind(1)
+        logits = (q.view(D, H, -1)[dst] * k).sum(-1)
+        if slope is not None:
+            logits = F.leaky_relu(logits, slope)
+        att = self.att_dropout(edge_softmax(logits, dst, D))
+        width = w.size(0) // 2
+        msg = (v * att.unsqueeze(-1)).reshape(M, width)
+        return h.new_zeros((D, width)).index_add_(0, dst, msg)
 
 
 def _mask(drop: nn.Module, shape, like: Tensor) -> Optional[Tensor]:
@@ -437,22 +450,7 @@ class TGNAttention(TemporalAttention):
             w_k, w_v = self.w_kv.weight.split([W, W], 0)
             agg = self._attend(block, h, rows, (q, w_k, None, w_v, None), seg, layout, False)
         else:
-            src, dst = block.edge_index[0], block.edge_index[1]
-            dn, de = self.dim_node, self.dim_edge
-            w = self.w_kv.weight
-            kv = F.linear(self.time_enc(block.edata["dt"]), w[:, dn + de:])
-            if dn and rows is not None:
-                kv = kv + F.linear(h, w[:, :dn])[rows[src]]
-            elif dn:
-                h_src = h[D:D + M] if _is_tail_range(src, D, M, h.size(0)) else h[src]
-                kv = torch.addmm(kv, h_src, w[:, :dn].t())
-            if de:
-                kv = torch.addmm(kv, block.edata["f"].float(), w[:, dn:dn + de].t())
-            k, v = kv.view(M, 2, H, -1).unbind(1)
-            logits = (q.view(D, H, -1)[dst] * k).sum(-1)
-            att = self.att_dropout(edge_softmax(logits, dst, D))
-            msg = (v * att.unsqueeze(-1)).reshape(M, W)
-            agg = h.new_zeros((D, W)).index_add_(0, dst, msg)
+            agg = self._per_edge(block, h, rows, q, None, None)
         o = self.layer_norm(self.dropout(self.w_res(agg)) + x)
         if self.dim_node:
             w_o, w_h = self.merge1.weight.split([W, self.dim_node], 1)
