@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional, Tuple
+import logging
+import os
+import sys
+from typing import Any, Callable, List, Optional, Tuple
 
+from tgl_dist.checkpoint.manager import CheckpointError
 from tgl_dist.checkpoint.recovery import Every
+from tgl_dist.errors import PeerFailureError
+
+log = logging.getLogger(__name__)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -55,3 +62,21 @@ def parse_run_arguments(p: argparse.ArgumentParser, argv: Optional[List[str]] = 
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint-dir")
     return args, every
+
+
+def run_script(main: Callable[..., Any], *args, **kwargs) -> Any:
+    """``main(*args, **kwargs)`` for a training script, with its two expected failures
+    ended cleanly: a :class:`PeerFailureError` (a peer rank died; its own error is in
+    its log, this rank says where it was) is written to stderr and the process exits at
+    once with code 1 (tearing the broken process group down at interpreter exit may
+    abort); a :class:`CheckpointError` (``--resume`` from another run's shape, a corrupt
+    file) exits with ``error: ...`` and no stack trace."""
+    try:
+        return main(*args, **kwargs)
+    except PeerFailureError as e:
+        log.error("%s", e)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}") from None

@@ -52,11 +52,12 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist import DistributedContext  # noqa: E402
-from tgl_dist.checkpoint import (CheckpointError, RunCheckpoint, capture,  # noqa: E402
+from tgl_dist.checkpoint import (RunCheckpoint, capture,  # noqa: E402
                                  config_dict, partition_identity, restore)
-from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments  # noqa: E402
+from tgl_dist.cli import (HelpFormatter, add_run_arguments, parse_run_arguments,  # noqa: E402
+                          run_script)
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
-from tgl_dist.errors import PeerFailureError, TGLDistError  # noqa: E402
+from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
 from tgl_dist.loader import DistributedDataLoader  # noqa: E402
 from tgl_dist.memory import SharedMailBox  # noqa: E402
@@ -319,13 +320,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except PeerFailureError as e:  # the peer's own error is in its log; this rank says where
-        log.error("%s", e)
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # exit now: tearing the broken process group down at interpreter exit may abort
-        os._exit(1)
-    except CheckpointError as e:  # --resume from another run shape, a corrupt file...
-        raise SystemExit(f"error: {e}") from None
+    run_script(main)

@@ -19,14 +19,13 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist import DistributedContext  # noqa: E402
-from tgl_dist.checkpoint import (CheckpointError, RunCheckpoint,  # noqa: E402
-                                 partition_identity)
-from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments  # noqa: E402
+from tgl_dist.checkpoint import RunCheckpoint, partition_identity  # noqa: E402
+from tgl_dist.cli import (HelpFormatter, add_run_arguments, parse_run_arguments,  # noqa: E402
+                          run_script)
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
 from tgl_dist.dtdg.partition import partition_path  # noqa: E402
-from tgl_dist.errors import PeerFailureError  # noqa: E402
 from tgl_dist.partition.storage import read_manifest  # noqa: E402
 
 log = logging.getLogger("dtdg_example")
@@ -96,16 +95,7 @@ def _prepare(args, ctx, task: str):
 
 def run(doc: str, task: str, **defaults) -> dict:
     """Parse the arguments, train, print the JSON line; a dead peer ends it with a clear error."""
-    try:
-        return _run(doc, task, **defaults)
-    except PeerFailureError as e:  # the peer's own error is in its log; this rank says where
-        log.error("%s", e)
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # exit now: tearing the broken process group down at interpreter exit may abort
-        os._exit(1)
-    except CheckpointError as e:  # --resume from another run shape, a corrupt file...
-        raise SystemExit(f"error: {e}") from None
+    return run_script(_run, doc, task, **defaults)
 
 
 def _checkpointing(args, ctx, trainer, info, every) -> RunCheckpoint:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments
+from tgl_dist.checkpoint import CheckpointError
+from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments, run_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,3 +84,17 @@ def test_parse_run_arguments_rejects_bad_checkpoint_options(argv, message, capsy
         parse_run_arguments(_run_parser(), argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_run_script_ends_a_checkpoint_error_without_a_stack_trace():
+    def main(x):
+        if x:
+            raise CheckpointError("the run in ck/ was written by 2 ranks, this one has 1")
+        return "done"
+
+    assert run_script(main, 0) == "done"
+    with pytest.raises(SystemExit) as e:
+        run_script(main, 1)
+    assert str(e.value.code) == "error: the run in ck/ was written by 2 ranks, this one has 1"
+    with pytest.raises(KeyError):   # anything else is not caught
+        run_script(lambda: {}["x"])
