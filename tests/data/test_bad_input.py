@@ -84,6 +84,17 @@ def test_nan_or_negative_timestamp(tmp_path, bad, what):
     check(ei, p, 3, "timestamp")
 
 
+def test_nan_or_infinite_weight_and_rating(tmp_path):
+    p = write(tmp_path / "out.w", "% h\n1 2 1 5\n1 3 inf 6\n")
+    with pytest.raises(DataFormatError, match="weight must be a finite number, got inf") as ei:
+        load_konect(p, check_header=False)
+    check(ei, p, 3, "weight")
+    p = write(tmp_path / "s.csv", "1,2,1,10\n1,3,-1,11\n2,3,nan,12\n")
+    with pytest.raises(DataFormatError, match="rating must be a finite number, got nan") as ei:
+        load_snap_signed(p)
+    check(ei, p, 3, "RATING")
+
+
 def test_nan_timestamp_konect_time_column(tmp_path):
     p = write(tmp_path / "out.t", "% x\n1 2 1 5\n2 3 1 NaN\n")
     with pytest.raises(DataFormatError, match="NaN") as ei:

@@ -285,6 +285,21 @@ def node_ids(table: Table, col: int, field: str) -> np.ndarray:
     return x.astype(np.int64)
 
 
+def finite_values(table: Table, col: int, field: str, what: str) -> np.ndarray:
+    """Column ``col`` as float64 values (a weight, a rating); NaN or infinite ones are
+    errors naming ``what``.
+
+    Returns:
+        values, shape ``[R]``, float64.
+    """
+    x = table.values[:, col]
+    bad = ~np.isfinite(x)
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise table.error(r, field, f"{what} must be a finite number, got {float(x[r])!r}")
+    return x
+
+
 def timestamps(table: Table, col: int, field: str) -> np.ndarray:
     """Column ``col`` as event times; NaN, infinite or negative times are errors.
 

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import (PathLike, head_lines, read_table, remap_nodes, node_ids,
+from tgl_dist.data.loaders._common import (PathLike, finite_values, head_lines, read_table, remap_nodes, node_ids,
                                            timestamps)
 from tgl_dist.errors import DataFormatError
 from tgl_dist.data.temporal import TemporalGraph
@@ -50,11 +50,7 @@ def load_konect(path: PathLike, name: Optional[str] = None, check_header: bool =
                               "time column: it is not a temporal network", line=int(tab.lines[0]),
                               field="time")
     src, dst, node_map = remap_nodes(node_ids(tab, 0, "src"), node_ids(tab, 1, "dst"))
-    w = tab.values[:, 2]
-    bad = ~np.isfinite(w)
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise tab.error(r, "weight", f"weight must be a finite number, got {float(w[r])!r}")
+    w = finite_values(tab, 2, "weight", "weight")
     t = torch.from_numpy(timestamps(tab, 3, "time"))
     if check_header:
         _check_edge_count(path, tab.num_rows)

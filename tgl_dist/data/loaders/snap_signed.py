@@ -13,7 +13,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, stem, timestamps
+from tgl_dist.data.loaders._common import (PathLike, finite_values, node_ids, read_table,
+                                           remap_nodes, stem, timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,7 @@ def load_snap_signed(path: PathLike, name: Optional[str] = None) -> TemporalGrap
     path = Path(path)
     tab = read_table(path, names=FIELDS, min_cols=4, header="auto")
     src, dst, node_map = remap_nodes(node_ids(tab, 0, "SOURCE"), node_ids(tab, 1, "TARGET"))
-    rating = tab.values[:, 2]
-    bad = ~np.isfinite(rating)
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise tab.error(r, "RATING", f"rating must be a finite number, got {float(rating[r])!r}")
+    rating = finite_values(tab, 2, "RATING", "rating")
     t = torch.from_numpy(timestamps(tab, 3, "TIME"))
     log.info("read %s: %d events, %d nodes", path, tab.num_rows, node_map.numel())
     return TemporalGraph.sorted(src, dst, t, num_nodes=int(node_map.numel()),
