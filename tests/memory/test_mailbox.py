@@ -104,22 +104,27 @@ def test_bad_arguments():
 
 # ---------------------------------------------------------------- 2 ranks vs 1 process
 def _stream(steps=6, per_rank=5, ties=True, seed=0):
-    """Per step and rank: (src, dst, t, edge_feat, neighbours) with a deterministic generator."""
+    """Per step: the window's events in stream order (global ids ``eids``), and the
+    random half of them each rank holds (in stream order, as the loader gives them).
+
+    An event is ``(src, dst, t, edge_feat, neighbours of src, neighbours of dst, eid)``.
+    """
     g = torch.Generator().manual_seed(seed)
-    out = []
+    out, E = [], 2 * per_rank
     for s in range(steps):
-        step = []
-        for r in range(2):
-            src = torch.randint(0, N, (per_rank,), generator=g)
-            dst = torch.randint(0, N, (per_rank,), generator=g)
-            if ties:
-                t = s * 10 + torch.randint(0, 3, (per_rank,), generator=g).sort().values.double()
-            else:
-                t = s * 10 + (r * per_rank + torch.arange(per_rank)).double() * 0.1
-            ef = torch.randn(per_rank, D_E, generator=g)
-            nb = torch.randint(0, N, (2 * per_rank, 2), generator=g)  # 2 neighbours per pos root
-            step.append((src, dst, t, ef, nb))
-        out.append(step)
+        src = torch.randint(0, N, (E,), generator=g)
+        dst = torch.randint(0, N, (E,), generator=g)
+        if ties:   # many events share a time, across ranks too
+            t = s * 10 + torch.randint(0, 3, (E,), generator=g).sort().values.double()
+        else:
+            t = s * 10 + torch.arange(E).double() * 0.1
+        ef = torch.randn(E, D_E, generator=g)
+        nb_src = torch.randint(0, N, (E, 2), generator=g)
+        nb_dst = torch.randint(0, N, (E, 2), generator=g)
+        window = (src, dst, t, ef, nb_src, nb_dst, s * E + torch.arange(E))
+        perm = torch.randperm(E, generator=g)
+        held = [perm[:per_rank].sort().values, perm[per_rank:].sort().values]
+        out.append((window, [tuple(x[h] for x in window) for h in held]))
     return out
 
 
@@ -131,10 +136,11 @@ def _fake_updater(mem, mem_ts, mail, ts):
 
 
 def _run_steps(mb, events_per_step, deliver):
-    for src, dst, t, ef, nb in events_per_step:
+    for src, dst, t, ef, nb_src, nb_dst, eids in events_per_step:
         B = src.numel()
         nodes = torch.cat([src, dst])
         ts = torch.cat([t, t])
+        nb = torch.cat([nb_src, nb_dst])                   # 2 neighbours per positive root
         M = nb.numel()
         e_dst = torch.arange(2 * B).repeat_interleave(2)
         block = Block({"ID": torch.cat([nodes, nb.reshape(-1)]),
@@ -144,7 +150,7 @@ def _run_steps(mb, events_per_step, deliver):
         mb.prepare_input([block])
         sd = block.srcdata
         s_hat = _fake_updater(sd["mem"], sd["mem_ts"], sd["mail"], sd["ts"])
-        roots = Roots(nodes=nodes, ts=ts, eids=torch.arange(B), src=src, dst=dst, t=t)
+        roots = Roots(nodes=nodes, ts=ts, eids=eids, src=src, dst=dst, t=t)
         mb.update(s_hat, roots, torch.arange(B), torch.arange(B, 2 * B), ef,
                   block=block if deliver == "neighbors" else None)
 
@@ -154,29 +160,25 @@ def _dist_worker(K, deliver, ties):
     ctx = DistributedContext.init()
     book = PartitionBook(OWNER)
     mb = _mb(book, n=int(book.counts[ctx.rank]), K=K, deliver=deliver)
-    _run_steps(mb, [step[ctx.rank] for step in _stream(ties=ties)], deliver)
+    _run_steps(mb, [held[ctx.rank] for _, held in _stream(ties=ties)], deliver)
     # numpy arrays pickle by value (tensors would travel as shared-memory handles)
     return tuple(x.numpy().copy() for x in (book.owned_ids(ctx.rank), mb.memory, mb.memory_ts,
                                             mb.mailbox, mb.mail_ts, mb.next_mail_pos))
 
 
 def _reference(K, deliver, ties):
+    """One process, each step the whole window."""
     mb = _mb(K=K, deliver=deliver)
-    steps = []
-    for step in _stream(ties=ties):
-        cat = [torch.cat([step[0][i], step[1][i]]) for i in range(4)]
-        B = step[0][0].numel()  # neighbour rows follow the roots: [src | dst] of both ranks
-        nb0, nb1 = step[0][4], step[1][4]
-        cat.append(torch.cat([nb0[:B], nb1[:B], nb0[B:], nb1[B:]]))
-        steps.append(tuple(cat))
-    _run_steps(mb, steps, deliver)
+    _run_steps(mb, [window for window, _ in _stream(ties=ties)], deliver)
     return mb
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("K,deliver,ties", [(1, "self", True), (3, "self", True),
-                                            (2, "neighbors", False)])
+                                            (2, "neighbors", False), (1, "neighbors", True)])
 def test_two_ranks_equal_one_process(K, deliver, ties):
+    """Exactly one process's state, also when events held by different ranks share a
+    timestamp (the owners break ties by stream position, not by sender rank)."""
     ref = _reference(K, deliver, ties)
     assert float(ref.memory.abs().sum()) > 0
     res = run_distributed(_dist_worker, 2, K, deliver, ties)
@@ -213,3 +215,33 @@ def test_writes_of_step_k_visible_to_every_rank_next_step():
     for before, after in run_distributed(_visibility_worker, 2):
         assert before == [0.0] * N
         assert after[0] == 7.0 and after[2] == 8.0 and sum(after) == 15.0
+
+
+def _edge_cases_worker():
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    own = torch.tensor([0, 1, 0, 1])
+    book = PartitionBook(own)
+    # (a) nobody asks rank 1 for anything: it serves an empty request
+    mb = SharedMailBox(2, dict(dim_out=4), 2, partition_book=book)
+    read = mb.read(torch.tensor([0, 2]))[1].numpy().copy()
+    # (b) an odd payload width (d_e = 1) and exactly one row for each owner
+    mb = SharedMailBox(2, dict(dim_out=4), 1, partition_book=book)
+    if ctx.rank == 0:   # one event 0 -> 1 at t=5
+        src, dst, t = torch.tensor([0]), torch.tensor([1]), torch.tensor([5.0], dtype=torch.float64)
+    else:
+        src = dst = torch.zeros(0, dtype=torch.long)
+        t = torch.zeros(0, dtype=torch.float64)
+    B = src.numel()
+    roots = Roots(torch.cat([src, dst]), torch.cat([t, t]), torch.arange(B), src, dst, t)
+    mb.update(torch.ones(2 * B, 4), roots, torch.arange(B), torch.arange(B, 2 * B),
+              torch.full((B, 1), 7.0))
+    return read, mb.memory_ts.numpy().copy(), mb.mailbox[:, 0, -1].numpy().copy()
+
+
+@pytest.mark.distributed
+def test_exchange_edge_cases_empty_request_and_one_odd_width_row():
+    for rank, (read, mts, feat) in enumerate(run_distributed(_edge_cases_worker, 2)):
+        assert read.tolist() == [0.0, 0.0]
+        assert mts.tolist() == [5.0, 0.0]          # node 0 (rank 0) and node 1 (rank 1)
+        assert feat.tolist() == [7.0, 0.0]

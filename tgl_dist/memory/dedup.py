@@ -6,29 +6,38 @@ so the surviving row is selected explicitly with two stable sorts.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
 
-def latest_per_key(keys: Tensor, ts: Tensor) -> Tensor:
+def latest_per_key(keys: Tensor, ts: Tensor, order: Optional[Tensor] = None) -> Tensor:
     """Row of the latest entry of every distinct key.
 
     Args:
         keys: ``[n]`` int64 (node ids). ts: ``[n]`` timestamps.
+        order: ``[n]`` int64 position of each row in the event stream (rows gathered from
+            several ranks are not in stream order); ``None``: the row position.
     Returns:
         ``[u]`` row indices into ``keys``, one per distinct key, in increasing key
         order; for each key the row with the largest ``ts`` and, among equal ``ts``,
-        the largest position.
+        the largest ``order`` (position).
 
     Example::
 
         keys = [4, 2, 4, 2], ts = [1., 5., 1., 3.]  ->  [1, 2]
         (key 2: ts 5 at row 1 beats ts 3; key 4: tie at ts 1, row 2 is later)
+        with order = [9, 0, 3, 1]                   ->  [1, 0]
     """
     n = keys.numel()
     if n == 0:
         return torch.zeros(0, dtype=torch.long, device=keys.device)
-    by_ts = torch.sort(ts, stable=True).indices
+    if order is None:
+        by_ts = torch.sort(ts, stable=True).indices
+    else:
+        first = torch.sort(order, stable=True).indices
+        by_ts = first[torch.sort(ts[first], stable=True).indices]
     order = by_ts[torch.sort(keys[by_ts], stable=True).indices]
     k = keys[order]
     last = torch.ones(n, dtype=torch.bool, device=keys.device)

@@ -61,7 +61,40 @@ def _bits(x: Tensor) -> Tensor:
 
 
 def _unbits(x: Tensor, dtype) -> Tensor:
-    return x.contiguous().view(dtype).view(-1)
+    """:func:`_bits` undone: float32 ``[n, 2 k]`` columns of a packed payload -> ``[n k]``.
+    Always copied into fresh memory: a column slice of a one-row payload counts as
+    contiguous whatever its row stride, which ``view(dtype)`` cannot reinterpret."""
+    return x.clone(memory_format=torch.contiguous_format).view(dtype).view(-1)
+
+
+# Stream positions of mails (ties in time go to the later one, as in one process):
+# occurrence u_i, v_i of event eid -> 2 eid (+ 1); a neighbour copy (APAN) of the mail of
+# side s of event eid, through the j-th edge of that root -> after every root mail, in
+# the order of one process's block: all source rows' edges, then all destination rows'.
+_COPY, _SIDE, _J = 1 << 62, 41, 20
+
+
+def _event_order(eids: Tensor) -> Tensor:
+    """``[2B]``: positions of the occurrences u_1, v_1, u_2, v_2, ... of events ``eids [B]``."""
+    e = 2 * eids.long()
+    return torch.stack([e, e + 1], 1).view(-1)
+
+
+def _copy_order(eids: Tensor, occ: Tensor, j: Tensor) -> Tensor:
+    """Positions of neighbour copies of occurrences ``occ`` (``2 i + side``) via their
+    root's ``j``-th edge (eids < 2^41, fewer than 2^20 edges a root)."""
+    side, ev = occ % 2, eids.long()[occ // 2]
+    return _COPY + (((side << _SIDE) | ev) << _J) + j
+
+
+def _rank_in_row(e_dst: Tensor) -> Tensor:
+    """Each edge's rank among the edges of its destination row, in edge order."""
+    perm = torch.sort(e_dst, stable=True).indices
+    d = e_dst[perm]
+    start = torch.searchsorted(d, d, right=False)
+    out = torch.empty_like(perm)
+    out[perm] = torch.arange(d.numel(), device=d.device) - start
+    return out
 
 
 MEMORY_KEYS = ("mem", "mem_ts", "mail", "mail_ts")
@@ -204,10 +237,10 @@ class SharedMailBox:
                 self.mailbox.index_select(0, rows), self.mail_ts.index_select(0, rows))
 
     def _serve(self, rows: Tensor) -> Tensor:
-        n = rows.numel()
-        mem, mts, mail, mailts = self._rows(rows)
-        return torch.cat([mem, _bits(mts), mail.reshape(n, -1),
-                          _bits(mailts.reshape(-1)).reshape(n, -1)], 1)
+        n, K = rows.numel(), self.mailbox_size
+        mem, mts, mail, mailts = self._rows(rows)     # n may be 0: asked for nothing
+        return torch.cat([mem, _bits(mts), mail.reshape(n, K * self.dim_mail),
+                          _bits(mailts.reshape(-1)).reshape(n, 2 * K)], 1)
 
     def read_unique(self, global_ids: Tensor) -> dict:
         """State of the distinct nodes among ``global_ids`` (collective on several ranks).
@@ -278,8 +311,8 @@ class SharedMailBox:
     def get_update_mail(self, index: Tensor, src: Tensor, dst: Tensor, ts: Tensor,
                         edge_feats: Optional[Tensor], memory: Tensor,
                         embedding: Optional[Tensor] = None, use_src_emb: bool = False,
-                        use_dst_emb: bool = False, block: Optional[Block] = None
-                        ) -> Tuple[Tensor, Tensor, Tensor]:
+                        use_dst_emb: bool = False, block: Optional[Block] = None,
+                        eids: Optional[Tensor] = None):
         """This step's mails (algorithms.md §1 step 5), without gradient.
 
         Event i (``u = index[src[i]]``, ``v = index[dst[i]]``) mails
@@ -297,11 +330,15 @@ class SharedMailBox:
             memory: ``[S', d_m]`` updated memory of the rows (``S' >= max(src, dst) + 1``).
             embedding: ``[S', d]`` optional embeddings of the rows (needs ``d = d_m``).
             block: block whose destination rows are the rows of ``memory`` (``'neighbors'``).
+            eids: ``[B]`` global event ids (stream positions) of the events: then a fourth
+                tensor, ``order [u]``, gives each mail's position in the stream, to pass on
+                to :meth:`set_mailbox_all_to_all`, so that mails from several ranks at equal
+                times resolve as in one process.
         Returns:
-            ``(index [u], mail [u, d_mail], mail_ts [u])``: with ``mail_combine='last'``
-            one mail per node (latest time; ties: events in order u_1, v_1, u_2, v_2, ...
-            then neighbour copies, later wins); with ``'mean'`` every mail (the owners
-            average them).
+            ``(index [u], mail [u, d_mail], mail_ts [u])`` (``+ (order [u],)`` with ``eids``):
+            with ``mail_combine='last'`` one mail per node (latest time; ties: events in
+            order u_1, v_1, u_2, v_2, ... then neighbour copies, later wins); with
+            ``'mean'`` every mail (the owners average them).
         """
         with torch.no_grad():
             B = src.numel()
@@ -316,6 +353,7 @@ class SharedMailBox:
             mail = torch.stack([torch.cat(parts_u, 1), torch.cat(parts_v, 1)], 1).view(2 * B, -1)
             ids = torch.stack([index[src], index[dst]], 1).view(-1)
             mail_ts = ts.to(torch.float64).repeat_interleave(2)
+            order = None if eids is None else _event_order(eids.to(ids.device))
             if self.deliver_to == "neighbors" and block is not None and block.num_edges:
                 row_mail = torch.full((int(memory.size(0)),), -1, dtype=torch.long,
                                       device=mail.device)
@@ -330,10 +368,14 @@ class SharedMailBox:
                 ids = torch.cat([ids, block.srcdata["ID"][e_src[keep]].to(ids.device)])
                 mail = torch.cat([mail, mail[m]])
                 mail_ts = torch.cat([mail_ts, mail_ts[m]])
+                if order is not None:
+                    order = torch.cat([order, _copy_order(eids.to(ids.device), m,
+                                                          _rank_in_row(e_dst)[keep])])
             if self.mail_combine == "last":
-                sel = latest_per_key(ids, mail_ts)
-                return ids[sel], mail[sel], mail_ts[sel]
-            return ids, mail, mail_ts
+                sel = latest_per_key(ids, mail_ts, order)
+                ids, mail, mail_ts = ids[sel], mail[sel], mail_ts[sel]
+                order = None if order is None else order[sel]
+            return (ids, mail, mail_ts) if eids is None else (ids, mail, mail_ts, order)
 
     def _edge_feats(self, edge_feats: Optional[Tensor]) -> Tensor:
         """The positive events' features ``[B, d_e]`` (float) for the mails."""
@@ -345,7 +387,8 @@ class SharedMailBox:
     # ------------------------------------------------------------------ write
     def set_mailbox_all_to_all(self, index: Tensor, memory: Optional[Tensor],
                                memory_ts: Optional[Tensor], mail: Optional[Tensor],
-                               mail_ts: Optional[Tensor], reduce_Op: str = "max") -> None:
+                               mail_ts: Optional[Tensor], reduce_Op: str = "max",
+                               order: Optional[Tensor] = None) -> None:
         """Send updates to the owners of ``index``; each owner resolves duplicates and writes.
 
         Collective: every rank calls it, also with nothing to send.
@@ -353,9 +396,14 @@ class SharedMailBox:
         Args:
             index: ``[n]`` global ids. memory/memory_ts: ``[n, d_m]`` / ``[n]`` or ``None``
                 (mail only). mail/mail_ts: ``[n, d_mail]`` / ``[n]`` or ``None`` (memory only).
-            reduce_Op: ``'max'``: the latest timestamp wins, ties go to the higher sender
-                rank, then the later row (deterministic); ``'mean'``: mails to the same
+            reduce_Op: ``'max'``: the latest timestamp wins; ``'mean'``: mails to the same
                 node are averaged (memory still takes the latest).
+            order: ``[n]`` int64 stream position of each row (``get_update_mail(...,
+                eids=...)`` returns it): equal timestamps go to the later position, and
+                ``'mean'`` sums in that order, so several ranks write exactly what one
+                process writes. ``None``: ties go to the higher sender rank, then the later
+                row (deterministic, but not one process's choice when events from
+                different ranks share a timestamp).
         """
         if reduce_Op not in ("max", "mean"):
             raise ValueError(f"reduce_Op must be 'max' or 'mean', got {reduce_Op!r}")
@@ -364,38 +412,42 @@ class SharedMailBox:
         n = index.numel()
         if self.world_size == 1:
             rows = self._local(index)
-            recv = (rows, memory, memory_ts, mail, mail_ts)
+            recv = (rows, memory, memory_ts, mail, mail_ts, order)
         else:
             owner, local = self.book.locate(index)
             cols = [_bits(local)]
+            if order is not None:
+                cols.append(_bits(order.to(local.device, torch.long)))
             if has_mem:
                 cols += [memory.detach().float().reshape(n, self.dim_memory), _bits(memory_ts.to(torch.float64))]
             if has_mail:
                 cols += [mail.detach().float().reshape(n, self.dim_mail), _bits(mail_ts.to(torch.float64))]
             plan = Plan(owner, self.group)
             got = plan.forward(torch.cat(cols, 1))
-            sizes = [2] + ([self.dim_memory, 2] if has_mem else []) + \
-                ([self.dim_mail, 2] if has_mail else [])
+            sizes = [2] + ([2] if order is not None else []) + \
+                ([self.dim_memory, 2] if has_mem else []) + ([self.dim_mail, 2] if has_mail else [])
             parts = list(got.split(sizes, 1))
             rows = _unbits(parts.pop(0), torch.long)
+            got_order = _unbits(parts.pop(0), torch.long) if order is not None else None
             m = mts = ml = mlts = None
             if has_mem:
                 m, mts = parts.pop(0), _unbits(parts.pop(0), torch.float64)
             if has_mail:
                 ml, mlts = parts.pop(0), _unbits(parts.pop(0), torch.float64)
-            recv = (rows, m, mts, ml, mlts)
+            recv = (rows, m, mts, ml, mlts, got_order)
         self._write(*recv, reduce_Op)
 
-    def _write(self, rows, memory, memory_ts, mail, mail_ts, reduce_Op: str,
+    def _write(self, rows, memory, memory_ts, mail, mail_ts, order, reduce_Op: str,
                distinct: bool = False) -> None:
-        """Write received updates; duplicates resolved by ``reduce_Op`` unless the caller
-        knows ``rows`` are ``distinct`` already."""
+        """Write received updates; duplicates resolved by ``reduce_Op`` (ties in time by
+        ``order``, see :meth:`set_mailbox_all_to_all`) unless the caller knows ``rows``
+        are ``distinct`` already."""
         with torch.no_grad():
             if memory is not None:
                 if distinct:
                     r = rows
                 else:
-                    sel = latest_per_key(rows, memory_ts)
+                    sel = latest_per_key(rows, memory_ts, order)
                     r, memory, memory_ts = rows[sel], memory[sel], memory_ts[sel]
                 self.memory[r] = memory.to(self.memory.dtype)
                 if self.time_delta == "mail":
@@ -408,9 +460,12 @@ class SharedMailBox:
                 if distinct:
                     r = rows
                 elif reduce_Op == "mean":
+                    if order is not None:   # sum in stream order
+                        o = torch.sort(order, stable=True).indices
+                        rows, mail, mail_ts = rows[o], mail[o], mail_ts[o]
                     r, mail, mail_ts = mean_per_key(rows, mail.float(), mail_ts.to(torch.float64))
                 else:
-                    sel = latest_per_key(rows, mail_ts)
+                    sel = latest_per_key(rows, mail_ts, order)
                     r, mail, mail_ts = rows[sel], mail[sel], mail_ts[sel]
                 pos = self.next_mail_pos[r]
                 self.mailbox[r, pos] = mail.to(self.mailbox.dtype).view(-1, self.dim_mail)
@@ -440,21 +495,22 @@ class SharedMailBox:
         """
         nodes, t = roots.nodes.to(self.device), roots.t.to(self.device)
         if self.deliver_to == "self" and self.mail_combine == "last":
-            self._update_last(memory, nodes, t, src_pos, dst_pos, edge_feats, embedding,
+            self._update_last(memory, nodes, t, roots.eids, src_pos, dst_pos, edge_feats, embedding,
                               use_dst_emb)
             return
         pos = torch.stack([src_pos, dst_pos], 1).view(-1)
         mem_ts = t.to(torch.float64).repeat_interleave(2)
         idx_m, mem, mts = self.get_update_memory(nodes[pos], memory[pos], mem_ts)
-        idx_l, mail, mlts = self.get_update_mail(nodes, src_pos, dst_pos, t, edge_feats, memory,
-                                                 embedding, False, use_dst_emb, block)
+        idx_l, mail, mlts, order = self.get_update_mail(nodes, src_pos, dst_pos, t, edge_feats,
+                                                        memory, embedding, False, use_dst_emb,
+                                                        block, eids=roots.eids)
         self.set_mailbox_all_to_all(idx_m, mem, mts, None, None, "max")
         self.set_mailbox_all_to_all(idx_l, None, None, mail, mlts,
-                                    "mean" if self.mail_combine == "mean" else "max")
+                                    "mean" if self.mail_combine == "mean" else "max", order)
 
-    def _update_last(self, memory: Tensor, nodes: Tensor, t: Tensor, src_pos: Tensor,
-                     dst_pos: Tensor, edge_feats: Optional[Tensor], embedding: Optional[Tensor],
-                     use_dst_emb: bool) -> None:
+    def _update_last(self, memory: Tensor, nodes: Tensor, t: Tensor, eids: Tensor,
+                     src_pos: Tensor, dst_pos: Tensor, edge_feats: Optional[Tensor],
+                     embedding: Optional[Tensor], use_dst_emb: bool) -> None:
         """:meth:`update` for mails to the endpoints kept last (``deliver_to='self'``,
         ``mail_combine='last'``): the memory and the mail of a node come from the same
         occurrence (same ids, same times, same tie rule in :meth:`get_update_memory` and
@@ -474,9 +530,10 @@ class SharedMailBox:
                     0, torch.div(sel, 2, rounding_mode="floor")))
             mail = torch.cat(parts, 1)
         if self.world_size == 1:
-            self._write(self._local(idx), mem, mts, mail, mts, "max", distinct=True)
-        else:
-            self.set_mailbox_all_to_all(idx, mem, mts, mail, mts, "max")
+            self._write(self._local(idx), mem, mts, mail, mts, None, "max", distinct=True)
+        else:   # the owners break ties in time by stream position, as one process does
+            order = _event_order(eids.to(idx.device)).index_select(0, sel)
+            self.set_mailbox_all_to_all(idx, mem, mts, mail, mts, "max", order)
 
     def __repr__(self) -> str:
         return (f"SharedMailBox(owned={self.num_nodes}, dim_memory={self.dim_memory}, "
