@@ -259,3 +259,21 @@ def test_single_process_chronological_and_mailbox_hook(parts):
     assert all(len(r) == 256 for r, _, _, _ in steps)
     r, mfgs, meta, _ = steps[0]
     assert len(mfgs) == 1 and mfgs[0].num_edges == 0 and mfgs[0].num_dst == 512
+
+
+def test_evaluation_negatives_are_never_the_positive_destination(parts):
+    """TGB filters the positive out of the candidates an MRR ranks; training keeps
+    TGN/DyGLib's unfiltered draws."""
+    g, _, out = parts
+    pdata = partition_load(out / g.name, "random")
+    graph = DistributedGraphStore(pdata)
+    collide = {}
+    for split, train in (("test", False), ("train", True)):
+        ld = DistributedDataLoader(graph, split, None, neg_sampler=NegativeSampling(num_neg=30),
+                                   batch_size=200, train=train, queue_size=0)
+        n = 0
+        for roots, _, meta, _ in ld:
+            neg = roots.nodes[meta["dst_neg_index"]].view(30, -1)
+            n += int((neg == roots.dst.view(1, -1)).sum())
+        collide[split] = n
+    assert collide["test"] == 0 and collide["train"] > 0, collide

@@ -70,6 +70,46 @@ def test_random_per_event_deterministic_and_in_pool():
     assert not torch.equal(tr.random(eid, 0), a)
 
 
+def test_fill_draws_without_replacement_and_never_a_positive():
+    """|H \\ C| too small: the fill comes from unique src x unique dst minus the batch's
+    positives without replacement (algorithms.md §3); with replacement only when that
+    pool itself is too small."""
+    ns = NegativeSampling(strategy="historical", seed=0)
+    b = ns.bind("val", False, stream(), torch.unique(DST))   # 5 src x 5 dst = 25 pairs
+    pos_s, pos_d = SRC[5:8], DST[5:8]                        # 3 positives, all in the product
+    for w in range(200):
+        s, d = b._fill(22, pos_s * N + pos_d, torch.Generator().manual_seed(w))
+        got = list(zip(s.tolist(), d.tolist()))
+        assert len(set(got)) == 22                            # the whole pool, no repeat
+        assert not set(got) & pairs(pos_s, pos_d)
+    s, d = b._fill(30, pos_s * N + pos_d, torch.Generator().manual_seed(0))
+    got = list(zip(s.tolist(), d.tolist()))                   # 30 > 22: repeats, still no positive
+    assert len(got) == 30 and len(set(got)) < 30 and not set(got) & pairs(pos_s, pos_d)
+    # a product too large to enumerate: drawn, repeats dropped
+    big = NegativeSampling(strategy="historical", seed=0).bind(
+        "val", False, Stream(torch.arange(2000), torch.arange(2000, 4000),
+                             torch.arange(2000, dtype=torch.float64), 4000), torch.arange(2000, 4000))
+    pos = torch.arange(2000) * 4000 + torch.arange(2000, 4000)
+    s, d = big._fill(5000, pos, torch.Generator().manual_seed(1))
+    keys = s * 4000 + d
+    assert keys.unique().numel() == 5000 and not bool(torch.isin(keys, pos).any())
+
+
+def test_evaluation_random_negatives_avoid_the_positive_destination():
+    pool = torch.tensor([5, 7, 9])
+    ns = NegativeSampling(strategy="random", num_neg=9, seed=3)
+    ev = ns.bind("test", False, Stream(SRC[:0], DST[:0], T[:0], N), pool)
+    eid = torch.arange(3000)
+    dst = pool[eid % 3]
+    plain, kept = ev.random(eid, 0), ev.random(eid, 0, dst)
+    assert bool((plain == dst).any())                  # a third of the plain draws collide
+    assert not bool((kept == dst).any()) and bool(torch.isin(kept, pool).all())
+    assert torch.equal(kept[plain != dst], plain[plain != dst])   # only collisions redrawn
+    assert torch.equal(ev.random(eid[100:200], 0, dst[100:200]), kept[:, 100:200])
+    one = ns.bind("test", False, Stream(SRC[:0], DST[:0], T[:0], N), torch.tensor([5]))
+    assert torch.equal(one.random(eid[:4], 0, torch.full((4,), 5)), torch.full((9, 4), 5))
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="strategy"):
         NegativeSampling(strategy="hard")

@@ -216,7 +216,8 @@ class DistributedDataLoader:
         if ng is not None:
             k = ng.cfg.num_neg
             if ng.cfg.strategy == "random":
-                neg_dst = ng.random(ev.eid, epoch).reshape(-1)
+                # evaluation: no negative equals its event's destination (TGB's filter)
+                neg_dst = ng.random(ev.eid, epoch, None if self.train else ev.dst).reshape(-1)
                 neg_src = None
             else:
                 gs, ge = w.start, w.end

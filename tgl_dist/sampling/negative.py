@@ -6,12 +6,15 @@ negatives queried at ``t``):
 * ``'random'``: negative destination uniform over the unique destination ids of
   the sampler's stream: the **training** split's events when training, **all**
   events for validation/test, the split's own events for the new-node splits
-  (TGN / DyGLib). The negative source is the positive source. Collisions with the
-  positive destination are not filtered (as in DyGLib).
+  (TGN / DyGLib). The negative source is the positive source. In training a draw
+  equal to the positive destination stays (as in TGN and DyGLib); in evaluation it is
+  drawn again (TGB's generator filters the positive out), so the MRR's k negatives are
+  all true negatives.
 * ``'historical'``: for a batch spanning ``[t_s, t_e]``: H = unique (src, dst) pairs
   with ``t <= t_s`` in the stream, C = pairs with ``t`` in ``[t_s, t_e]``; draw the
   batch's negatives without replacement from ``H \\ C``; when too few, take all of it
-  and fill the rest from ``unique src x unique dst`` minus the batch's positives.
+  and fill the rest, without replacement, from ``unique src x unique dst`` minus the
+  batch's positives (with replacement only when that pool is smaller than the fill).
   Negative sources and destinations both come from the pairs.
 * ``'inductive'``: like historical, with candidates ``H \\ O \\ C`` where O = pairs
   with ``t <= T_obs`` (last training time for validation, last validation time for
@@ -43,6 +46,7 @@ from tgl_dist.sampling.hashing import hash_keys, uniform_below
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("random", "historical", "inductive")
+REDRAWS = 20       # evaluation: times a random negative equal to the positive is redrawn
 _SPLIT_KEY = {"train": 1, "val": 2, "new_node_val": 3, "test": 4, "new_node_test": 5,
               "inductive_train": 6, "all": 7}
 
@@ -126,17 +130,34 @@ class BoundNegatives:
         return int(hash_keys(self.cfg.seed, k, epoch if self.train else -1))
 
     # ---------------------------------------------------------------- random
-    def random(self, eid: Tensor, epoch: int) -> Tensor:
-        """Negative destinations ``[k, B]`` (j-major) for events ``eid`` ``[B]``."""
+    def random(self, eid: Tensor, epoch: int, avoid: Optional[Tensor] = None) -> Tensor:
+        """Negative destinations ``[k, B]`` (j-major) for events ``eid`` ``[B]``.
+
+        Draw ``j`` of event ``e`` is ``pool[hash(key, e, j) mod |pool|]``. With ``avoid
+        [B]`` (evaluation: each event's true destination, which TGB's generator filters
+        out) a draw equal to it is drawn again with counter ``j + r k`` (r = 1, 2, ...,
+        at most :data:`REDRAWS` times; it stays only when the pool holds nothing else).
+        """
         k = self.cfg.num_neg
         if self.pool.numel() == 0:
             raise ValueError(f"split {self.split!r}: no destination ids to draw negatives from")
         n = self.pool.numel()
+        key = self._key(epoch)
         kern = SAMPLER.get() if eid.device.type == "cpu" and eid.dtype == torch.long else None
         if kern is not None:   # the same draws in one pass
-            return self.pool[kern.draw_below(self._key(epoch), eid, k, n)]
-        h = hash_keys(self._key(epoch), eid.view(1, -1), torch.arange(k).view(k, 1))
-        return self.pool[uniform_below(h, torch.tensor(n))]
+            neg = self.pool[kern.draw_below(key, eid, k, n)]
+        else:
+            h = hash_keys(key, eid.view(1, -1), torch.arange(k).view(k, 1))
+            neg = self.pool[uniform_below(h, torch.tensor(n))]
+        if avoid is None or n < 2:
+            return neg
+        for r in range(1, REDRAWS + 1):
+            j, i = (neg == avoid.view(1, -1)).nonzero(as_tuple=True)
+            if j.numel() == 0:
+                break
+            h = hash_keys(key, eid[i], j + r * k)
+            neg[j, i] = self.pool[uniform_below(h, torch.tensor(n))]
+        return neg
 
     # ------------------------------------------------------- historical pairs
     def _index_pairs(self, s: Stream) -> None:
@@ -186,13 +207,41 @@ class BoundNegatives:
         return torch.cat([fs, cand // self._n]), torch.cat([fd, cand % self._n])
 
     def _fill(self, size: int, pos_keys: Tensor, g: torch.Generator) -> Tuple[Tensor, Tensor]:
-        """Random pairs from unique src x unique dst, avoiding the batch's positives."""
-        s = self._usrc[torch.randint(self._usrc.numel(), (size,), generator=g)]
-        d = self._udst[torch.randint(self._udst.numel(), (size,), generator=g)]
-        for _ in range(10):  # redraw collisions a few times (DyGLib's collision check)
-            bad = torch.isin(s * self._n + d, pos_keys).nonzero().view(-1)
-            if bad.numel() == 0:
-                break
-            s[bad] = self._usrc[torch.randint(self._usrc.numel(), (bad.numel(),), generator=g)]
-            d[bad] = self._udst[torch.randint(self._udst.numel(), (bad.numel(),), generator=g)]
-        return s, d
+        """``size`` random pairs of ``unique src x unique dst`` minus the batch's positives
+        ``pos_keys`` (``src * N + dst``), without replacement (DyGLib's
+        ``random_sample_with_collision_check``); with replacement only when that pool
+        holds fewer than ``size`` pairs."""
+        nd = self._udst.numel()
+        P = self._usrc.numel() * nd                 # pairs, numbered i = s_idx * nd + d_idx
+
+        def pairs(i: Tensor) -> Tensor:             # pair numbers -> src * N + dst
+            return self._usrc[i // nd] * self._n + self._udst[i % nd]
+
+        pos = torch.unique(pos_keys)
+        if P <= _SMALL or P - pos.numel() < size:   # enumerate the pool
+            keys = pairs(torch.arange(P))
+            keys = keys[~torch.isin(keys, pos)]
+            if keys.numel() == 0:
+                raise ValueError(f"split {self.split!r}: every (src, dst) pair of the stream "
+                                 f"is a positive of the batch; no negative pairs to fill with")
+            pick = (torch.randperm(keys.numel(), generator=g)[:size] if keys.numel() >= size
+                    else torch.randint(keys.numel(), (size,), generator=g))
+            keys = keys[pick]
+        else:                                       # a huge product: draw, drop repeats
+            keys = pos.new_zeros(0)
+            while keys.numel() < size:
+                draw = pairs(torch.randint(P, (2 * (size - keys.numel()) + 16,), generator=g))
+                keys = _first_occurrences(torch.cat([keys, draw[~torch.isin(draw, pos)]]))
+            keys = keys[:size]
+        return keys // self._n, keys % self._n
+
+
+_SMALL = 1 << 20   # fill pools up to this many pairs are enumerated
+
+
+def _first_occurrences(x: Tensor) -> Tensor:
+    """The distinct values of ``x`` in the order they first occur."""
+    u, inv = torch.unique(x, return_inverse=True)
+    first = torch.full((u.numel(),), x.numel(), dtype=torch.long)
+    first.scatter_reduce_(0, inv, torch.arange(x.numel()), "amin")
+    return x[first.sort().values]
