@@ -79,6 +79,8 @@ def test_cached_first_layer_equals_explicit_inputs(name):
     a = m.forward_sequence(ts)
     b = m.forward_sequence(ts, graph.features(ts).double())
     assert _rel(a, b) < 1e-10
+    c = m.forward_sequence(ts, graph.features(ts).float())   # cast to the parameters' dtype
+    assert c.dtype == torch.float64 and _rel(a, c) < 1e-6
 
 
 def test_gcn_matches_pyg_gcnconv():
@@ -199,9 +201,7 @@ class _DenseEvolveGCNO(torch.nn.Module):
         for A, h in zip(adjs, xs):
             for layer in range(len(ws)):
                 ws[layer] = self.gru(layer, ws[layer], ws[layer])
-                h = A @ (h @ ws[layer])
-                if layer < len(ws) - 1:
-                    h = torch.relu(h)
+                h = torch.relu(A @ (h @ ws[layer]))   # sigma after every layer (IBM code)
             out.append(h)
         return torch.stack(out, 1)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tgl_dist.data import TemporalGraph
-from tgl_dist.dtdg import GraphData, degree_features, from_temporal, load_pgt_json
+from tgl_dist.dtdg import GraphData, Splitter, degree_features, from_temporal, load_pgt_json
 from tgl_dist.errors import DataFormatError
 
 
@@ -49,6 +49,28 @@ def test_standardized_signal(datasets_root):
     g = load_pgt_json(_path(datasets_root, "england_covid"), lags=8)
     assert g.meta()["standardized"]
     assert abs(float(g.node()["y"].mean())) < 0.2
+
+
+@pytest.mark.parametrize("name,lags,hist_len", [("england_covid", 8, 4), ("chickenpox", 4, 4)])
+def test_standardization_sees_no_value_after_the_training_windows(datasets_root, tmp_path,
+                                                                 name, lags, hist_len):
+    """The z-score is fitted on the leading periods only: rewriting every period after
+    the last training window's target leaves the training features and targets as they
+    were (a z-score over the whole series would move them)."""
+    g = load_pgt_json(_path(datasets_root, name), lags=lags)
+    last = max(w["label_ts"] for w in Splitter(g.num_snapshots, hist_len, "node_regression").train)
+    raw = json.loads(_path(datasets_root, name).read_text())
+    key = next(k for k in ("y", "FX", "X") if k in raw)
+    raw[key] = raw[key][:last + lags + 1] + [[v * 3.0 + 100.0 for v in row]
+                                             for row in raw[key][last + lags + 1:]]
+    (tmp_path / "future.json").write_text(json.dumps(raw))
+    h = load_pgt_json(tmp_path / "future.json", lags=lags)
+    for k in ("x", "y"):
+        assert torch.equal(g.node()[k][:, :last + 1], h.node()[k][:, :last + 1]), k
+        assert not torch.equal(g.node()[k], h.node()[k])
+    assert g.meta()["standardized_on_periods"] <= last + lags + 1
+    with pytest.raises(ValueError, match="fit_fraction"):
+        load_pgt_json(_path(datasets_root, name), lags=lags, fit_fraction=0.0)
 
 
 def test_bad_json(tmp_path):

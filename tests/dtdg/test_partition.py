@@ -82,6 +82,15 @@ def test_save_load_and_refusals(tmp_path):
         get_graph(one)
     with pytest.raises(PartitionError, match="not a tgl_dist partition"):
         get_graph(tmp_path / "toy")
+    # a manifest that does not list the rank's file: refused, not loaded unchecked
+    m = json.loads((one / "manifest.json").read_text())
+    m["files"] = {}
+    (one / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(PartitionError, match="lists no file under part_0/"):
+        get_graph(one)
+    for bad in (2.5, True, "2", 0):
+        with pytest.raises(ValueError, match="num_parts must be a positive int"):
+            g.save_partition(tmp_path, bad, "random", force=True)
 
 
 def test_no_partial_partition_on_failure(tmp_path, monkeypatch):

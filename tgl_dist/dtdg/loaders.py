@@ -13,8 +13,11 @@ PyTorch Geometric Temporal (PGT) publishes its datasets as JSON in two layouts;
   ``edge_mapping.edge_weight[str(t)]``). As in PGT, snapshot ``s`` has features
   ``x[:, s] = signal[s : s + lags].T`` (``[N, lags]``), target ``y[:, s] = signal[s + lags]``
   and, for per-period edges, the edges of period ``s``; ``T = T_total - lags``.
-  The series is standardised per node (z-score over time) when ``standardize`` is
-  True (PGT does so for England COVID only; we do it for every signal file by default).
+  The series is standardised per node when ``standardize`` is True (PGT does so for
+  England COVID only; we do it for every signal file by default), with the mean and
+  standard deviation of the first ``fit_fraction`` (0.7) of the periods only: the
+  training share of the default split, so no value of the evaluation periods leaks
+  into the training inputs (PGT z-scores over the whole series).
 """
 from __future__ import annotations
 
@@ -68,7 +71,7 @@ def _need(path, d: dict, key: str, where: str = ""):
 
 
 def load_pgt_json(path: Union[str, Path], lags: int = 4, standardize: bool = True,
-                  name: Optional[str] = None) -> GraphData:
+                  name: Optional[str] = None, fit_fraction: float = 0.7) -> GraphData:
     """Read a PyTorch Geometric Temporal JSON file (either layout) into a :class:`GraphData`.
 
     Args:
@@ -76,6 +79,9 @@ def load_pgt_json(path: Union[str, Path], lags: int = 4, standardize: bool = Tru
         lags: node-signal layout only: how many past values form the features (default 4).
         standardize: node-signal layout only: z-score the series per node (default True).
         name: dataset name (default: the file stem).
+        fit_fraction: the z-score's mean and std come from this leading share of the
+            periods (default 0.7, the training share of :class:`Splitter`'s default; with
+            a smaller training share, lower it too, or test values leak into training).
 
     Returns:
         ``GraphData`` with ``node()['x'] [N, T, F]``, ``node()['y'] [N, T]`` (when the file
@@ -98,7 +104,7 @@ def load_pgt_json(path: Union[str, Path], lags: int = 4, standardize: bool = Tru
     if "0" in d:
         g = _snapshot_layout(path, d)
     elif any(k in d for k in SIGNAL_KEYS):
-        g = _signal_layout(path, d, lags, standardize)
+        g = _signal_layout(path, d, lags, standardize, fit_fraction)
     else:
         raise DataFormatError(path, "unknown PyTorch Geometric Temporal layout: expected snapshot "
                               "keys '0', '1', ... or a node signal key "
@@ -169,7 +175,8 @@ def _snapshot_layout(path: Path, d: dict) -> GraphData:
     return g
 
 
-def _signal_layout(path: Path, d: dict, lags: int, standardize: bool) -> GraphData:
+def _signal_layout(path: Path, d: dict, lags: int, standardize: bool,
+                   fit_fraction: float = 0.7) -> GraphData:
     key = next(k for k in SIGNAL_KEYS if k in d)
     sig = _floats(path, d[key], key, "a [T, N] matrix of").double()
     if sig.dim() != 2:
@@ -177,8 +184,13 @@ def _signal_layout(path: Path, d: dict, lags: int, standardize: bool) -> GraphDa
     T_total, N = sig.shape
     if lags < 1 or lags >= T_total:
         raise ValueError(f"lags must lie in [1, {T_total}) for {path} ({T_total} periods), got {lags}")
-    if standardize:
-        sig = (sig - sig.mean(0)) / (sig.std(0, unbiased=False) + 1e-10)
+    fit = 0
+    if standardize:   # statistics of the leading (training) periods only: no leak
+        if not 0.0 < fit_fraction <= 1.0:
+            raise ValueError(f"fit_fraction must lie in (0, 1], got {fit_fraction}")
+        fit = max(2, int(fit_fraction * T_total))
+        head = sig[:fit]
+        sig = (sig - head.mean(0)) / (head.std(0, unbiased=False) + 1e-10)
     T = T_total - lags
     x = sig.unfold(0, lags, 1)[:T]                      # [T, N, lags]
     x = x.permute(1, 0, 2).float().contiguous()        # [N, T, lags]
@@ -222,7 +234,7 @@ def _signal_layout(path: Path, d: dict, lags: int, standardize: bool) -> GraphDa
     g.node()["x"] = x
     g.node()["y"] = y
     g.meta().update(num_snapshots=T, periods=T_total, layout="node_signal", signal_key=key, lags=lags,
-                    standardized=bool(standardize))
+                    standardized=bool(standardize), standardized_on_periods=fit)
     return g
 
 

@@ -128,7 +128,7 @@ class GCN(SnapshotModel):
         self.use_weight = use_weight
 
     def window(self, ts, x=None):
-        h = self.propagated(ts) if x is None else x
+        h = self.propagated(ts) if x is None else self.inputs(ts, x)
         for i, conv in enumerate(self.convs):
             h = conv(h, self.graph, ts, propagated=(i == 0 and x is None))
             if i < len(self.convs) - 1 or self.last_activation:
@@ -148,11 +148,13 @@ class EvolveGCNO(SnapshotModel):
     window's weights first and then one batched GCN over the whole window.
 
     Args:
-        graph, in_dim, hidden_dims, activation, last_activation: as :class:`GCN`.
+        graph, in_dim, hidden_dims, activation: as :class:`GCN`.
+        last_activation: ``sigma`` after the last layer too (default True: the formula
+            above and the IBM code apply it to every layer).
     """
 
     def __init__(self, graph, in_dim: int, hidden_dims: Sequence[int] = (32, 32),
-                 activation: str = "relu", last_activation: bool = False,
+                 activation: str = "relu", last_activation: bool = True,
                  use_weight: bool = True) -> None:
         super().__init__(graph)
         dims = _dims(in_dim, hidden_dims)
@@ -196,7 +198,7 @@ class EvolveGCNH(EvolveGCNO):
     """
 
     def __init__(self, graph, in_dim: int, hidden_dims: Sequence[int] = (32, 32),
-                 activation: str = "relu", last_activation: bool = False,
+                 activation: str = "relu", last_activation: bool = True,
                  use_weight: bool = True) -> None:
         super().__init__(graph, in_dim, hidden_dims, activation, last_activation, use_weight)
         dims = _dims(in_dim, hidden_dims)
@@ -241,6 +243,7 @@ class TGCN(SnapshotModel):
         self.b_c = nn.Parameter(torch.zeros(d))
 
     def window(self, ts, x=None):
+        x = None if x is None else self.inputs(ts, x)
         ax = (self.propagated(ts) @ self.wx if x is None                         # [Tw, n, 3d]
               else propagate(self.graph, x @ self.wx, ts, "gcn", self.use_weight))
         x = self.inputs(ts, x)
@@ -300,6 +303,7 @@ class GConvGRU(SnapshotModel):
                 cx = cx + self.propagated(ts, "cheb") @ self.theta_x[1]
             cx = cx + self.bias                                                 # [Tw, n, 3d]
         else:
+            x = self.inputs(ts, x)
             cx = self._cheb(x, self.theta_x, ts) + self.bias
         d = self.d
         h = x.new_zeros(x.size(1), d)

@@ -217,8 +217,8 @@ def save_partition(g: GraphData, root: Union[str, Path], num_parts: int, algorit
     Returns:
         the partition folder ``root/<name>/dtdg_<algorithm>_<P>``.
     """
-    if num_parts < 1:
-        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
+        raise ValueError(f"num_parts must be a positive int, got {num_parts!r}")
     if num_parts > g.num_nodes:
         raise ValueError(f"cannot split {g.num_nodes} nodes into {num_parts} parts")
     owner = get_algorithm(algorithm)(g, num_parts, seed)

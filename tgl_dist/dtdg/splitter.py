@@ -28,7 +28,8 @@ class Splitter:
         num_snapshots: T.
         hist_len: snapshots in each window's history (default 10).
         task: ``'link_pred'`` or ``'node_regression'``.
-        train / dev: fractions of the windows (default 0.7 / 0.15, test gets the rest).
+        train / dev: fractions of the windows (default 0.7 / 0.1, test gets the rest:
+            the IBM EvolveGCN split, algorithms.md §5).
         snapshot_edges: ``[T]`` global edge count per snapshot (link prediction drops
             windows whose label snapshot is empty); ``None`` keeps every window.
 
@@ -37,7 +38,7 @@ class Splitter:
     """
 
     def __init__(self, num_snapshots: int, hist_len: int = 10, task: str = "link_pred",
-                 train: float = 0.7, dev: float = 0.15,
+                 train: float = 0.7, dev: float = 0.1,
                  snapshot_edges: Optional[torch.Tensor] = None) -> None:
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; known: {list(TASKS)}")
@@ -68,7 +69,7 @@ class Splitter:
 
     @classmethod
     def from_graph(cls, graph, hist_len: int = 10, task: str = "link_pred", train: float = 0.7,
-                   dev: float = 0.15) -> "Splitter":
+                   dev: float = 0.1) -> "Splitter":
         """Windows for a ``DistGraph`` (uses its global per-snapshot edge counts)."""
         return cls(graph.num_snapshots, hist_len, task, train, dev,
                    graph.snapshot_edges if task == "link_pred" else None)

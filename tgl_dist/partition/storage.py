@@ -121,9 +121,12 @@ def read_manifest(folder: Path) -> Dict:
 def verify_files(folder: Path, manifest: Dict, prefix: str = "") -> None:
     """Check size and checksum of the manifest's files under ``prefix`` (e.g. ``'part_1/'``)."""
     folder = Path(folder)
-    for rel, info in manifest["files"].items():
-        if not rel.startswith(prefix):
-            continue
+    listed = [rel for rel in manifest["files"] if rel.startswith(prefix)]
+    if prefix and not listed:
+        raise PartitionError(f"{folder / MANIFEST}: lists no file under {prefix} (edited or "
+                             f"from another writer); re-run the partitioner")
+    for rel in listed:
+        info = manifest["files"][rel]
         p = folder / rel
         if not p.is_file():
             raise PartitionError(f"{p}: listed in the manifest but missing")
