@@ -57,7 +57,7 @@ from tgl_dist.checkpoint import (RunCheckpoint, capture,  # noqa: E402
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, parse_run_arguments,  # noqa: E402
                           run_script)
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
-from tgl_dist.errors import TGLDistError  # noqa: E402
+from tgl_dist.errors import PartitionError, TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
 from tgl_dist.loader import DistributedDataLoader  # noqa: E402
 from tgl_dist.memory import SharedMailBox  # noqa: E402
@@ -65,6 +65,7 @@ from tgl_dist.metrics import EarlyStopMonitor, LinkPredMetrics  # noqa: E402
 from tgl_dist.models import (broadcast_parameters, build_model, build_optimizer,  # noqa: E402
                              load_config, run_epoch)
 from tgl_dist.partition import partition_graph, partition_load  # noqa: E402
+from tgl_dist.partition.storage import read_manifest  # noqa: E402
 from tgl_dist.sampling import NegativeSampling, NeighborSampler  # noqa: E402
 
 log = logging.getLogger("train_tgn")
@@ -111,7 +112,9 @@ def median(xs):
 
 
 def ensure_partition(args, ctx) -> Path:
-    """Rank 0 loads the dataset and partitions it if ``parts/<name>/<algo>_<P>`` is absent."""
+    """Rank 0 loads the dataset and partitions it if ``parts/<name>/<algo>_<P>`` is absent
+    or was written from other data (its manifest's fingerprint differs: an edited file, or
+    another ``--num-events``)."""
     folder = None
     err = None
     if ctx.rank == 0:
@@ -121,11 +124,21 @@ def ensure_partition(args, ctx) -> Path:
                   if v is not None}
             g = load_dataset(args.data, root=args.root, format=args.format, **kw)
             folder = Path(args.parts) / g.name
-            if args.repartition or not (folder / f"{args.partition_algo}_{ctx.world_size}").is_dir():
+            part = folder / f"{args.partition_algo}_{ctx.world_size}"
+            stale = False
+            if part.is_dir() and not args.repartition:
+                try:
+                    stale = read_manifest(part).get("fingerprint") != g.fingerprint()
+                except PartitionError:
+                    stale = True        # unreadable: write it again
+                if stale:
+                    log.warning("%s was written from other data than %s; partitioning again",
+                                part, args.data)
+            if args.repartition or stale or not part.is_dir():
                 log.info("partitioning %s into %d parts with %s", g.name, ctx.world_size,
                          args.partition_algo)
                 partition_graph(g, ctx.world_size, args.partition_algo, args.parts,
-                                force=args.repartition)
+                                force=args.repartition or stale)
         except (TGLDistError, ValueError, FileNotFoundError) as e:
             err = f"{type(e).__name__}: {e}"
     folder, err = broadcast_object((folder, err))

@@ -52,3 +52,28 @@ def test_torchrun_two_processes_jodie(tmp_path):
     assert out["world_size"] == 2 and out["model"] == "JODIE"
     assert len(out["peak_rss_mib_per_rank"]) == 2
     assert 0.0 <= out["test_ap"] <= 1.0
+
+
+def test_a_partition_of_other_data_is_written_again(tmp_path):
+    """The partition cache is keyed by the data's fingerprint, not only its name: another
+    --num-events (or an edited file) partitions again instead of training on stale parts."""
+    import importlib.util
+    import types
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("_tgn_parts", SCRIPT)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    from tgl_dist.partition.storage import read_manifest
+    ctx = types.SimpleNamespace(rank=0, world_size=1)
+    parts = ["--parts", str(tmp_path / "parts"), "--num-nodes", "60"]
+    folder = mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "900"]), ctx)
+    part = folder / "metis_for_tgnn_1"
+    assert read_manifest(part)["num_events"] == 900
+    written = (part / "manifest.json").stat().st_mtime_ns
+    mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "900"]), ctx)
+    assert (part / "manifest.json").stat().st_mtime_ns == written       # same data: reused
+    mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "700"]), ctx)
+    assert read_manifest(part)["num_events"] == 700                     # other data: rewritten
