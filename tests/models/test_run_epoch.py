@@ -73,3 +73,20 @@ def test_link_loss_on_several_ranks_needs_the_window():
         link_loss(pos, neg, None, 2)
     with pytest.raises(ValueError, match="window"):
         link_loss(pos, neg, {"num_pos": 1}, 2)
+
+
+def test_memory_model_without_the_loaders_mailbox_is_a_clear_error():
+    from types import SimpleNamespace
+
+    from tgl_dist.models import run_epoch
+
+    model = Scores()
+    model.memory_updater = torch.nn.Identity()           # a model that keeps node memory
+    mailbox, other = object(), object()
+    with pytest.raises(ValueError, match="pass its SharedMailBox to run_epoch"):
+        run_epoch(model, SimpleNamespace(mailbox=mailbox))
+    with pytest.raises(ValueError, match="reads node memory from no mailbox"):
+        run_epoch(model, SimpleNamespace(mailbox=None), mailbox)
+    with pytest.raises(ValueError, match="from another mailbox"):
+        run_epoch(model, SimpleNamespace(mailbox=other), mailbox)
+    assert run_epoch(Scores(), [])["events"] == 0         # no memory, no mailbox: fine

@@ -46,6 +46,22 @@ def link_loss(pos: Tensor, neg: Tensor, meta: Optional[dict] = None,
     return loss * (B * world_size / max(int(end) - int(start), 1))
 
 
+def _check_mailbox(model: nn.Module, loader: Iterable, mailbox) -> None:
+    """A memory model needs the mailbox, and the loader must fetch from that same one
+    (it attaches the state to each batch): say so here, not as a ``KeyError: 'mem'``
+    from inside the model."""
+    uses_memory = getattr(model, "memory_updater", None) is not None
+    attached = getattr(loader, "mailbox", mailbox)
+    if uses_memory and mailbox is None:
+        raise ValueError("the model keeps node memory: pass its SharedMailBox to run_epoch "
+                         "(and to the DistributedDataLoader as mailbox=)")
+    if mailbox is not None and attached is not mailbox:
+        raise ValueError("the loader reads node memory from "
+                         f"{'no mailbox' if attached is None else 'another mailbox'}: build the "
+                         "DistributedDataLoader with mailbox= the SharedMailBox given to "
+                         "run_epoch, so each batch arrives with its memory")
+
+
 def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
               optimizer: Optional[torch.optim.Optimizer] = None,
               metrics: Optional[LinkPredMetrics] = None, group=None,
@@ -91,6 +107,7 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         on a shared machine), and in evaluation with ``metrics`` the mean of per-batch APs
         ``'ap_batch_mean'`` (for comparison with published per-batch figures only).
     """
+    _check_mailbox(model, loader, mailbox)
     train = optimizer is not None
     model.train(train)
     ws = world(group)[1]
