@@ -9,7 +9,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from tgl_dist.checkpoint.manager import CheckpointError
 from tgl_dist.checkpoint.recovery import Every
-from tgl_dist.errors import PeerFailureError
+from tgl_dist.errors import PeerFailureError, TGLDistError
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,14 @@ def parse_run_arguments(p: argparse.ArgumentParser, argv: Optional[List[str]] = 
 
 
 def run_script(main: Callable[..., Any], *args, **kwargs) -> Any:
-    """``main(*args, **kwargs)`` for a training script, with its two expected failures
-    ended cleanly: a :class:`PeerFailureError` (a peer rank died; its own error is in
-    its log, this rank says where it was) is written to stderr and the process exits at
-    once with code 1 (tearing the broken process group down at interpreter exit may
-    abort); a :class:`CheckpointError` (``--resume`` from another run's shape, a corrupt
-    file) exits with ``error: ...`` and no stack trace."""
+    """``main(*args, **kwargs)`` for a training script, with its expected failures ended
+    cleanly: a :class:`PeerFailureError` (a peer rank died; its own error is in its log,
+    this rank says where it was) is written to stderr and the process exits at once with
+    code 1 (tearing the broken process group down at interpreter exit may abort); a
+    :class:`CheckpointError` (``--resume`` from another run's shape, a corrupt file) or
+    any other of the package's errors about the user's input (a bad config field, a
+    malformed data file, a missing partition: :class:`TGLDistError`) exits with
+    ``error: ...`` naming the file and field, and no stack trace."""
     try:
         return main(*args, **kwargs)
     except PeerFailureError as e:
@@ -78,5 +80,5 @@ def run_script(main: Callable[..., Any], *args, **kwargs) -> Any:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)
-    except CheckpointError as e:
+    except (CheckpointError, TGLDistError) as e:
         raise SystemExit(f"error: {e}") from None

@@ -158,9 +158,15 @@ def main(argv=None) -> dict:
     random.seed(args.seed)
     np.random.seed(args.seed)
     cfg = load_config(args.config)
-    over = {k: v for k, v in (("epoch", args.epochs), ("batch_size", args.batch_size),
-                              ("lr", args.lr), ("patience", args.patience)) if v is not None}
-    cfg = cfg.replace(train=over) if over else cfg
+    flags = {"epoch": "--epochs", "batch_size": "--batch-size", "lr": "--lr",
+             "patience": "--patience"}
+    for key, flag in flags.items():            # a bad override names the flag, not the field
+        v = getattr(args, flag[2:].replace("-", "_"))
+        if v is not None:
+            try:
+                cfg = cfg.replace(train={key: v})
+            except TGLDistError as e:
+                raise SystemExit(f"error: {flag} {v}: {e}") from None
     folder = ensure_partition(args, ctx)
     pdata = partition_load(folder, args.partition_algo)
     graph = DistributedGraphStore(pdata)

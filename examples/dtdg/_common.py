@@ -5,7 +5,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import random
 import sys
 import time
@@ -22,7 +21,9 @@ from tgl_dist import DistributedContext  # noqa: E402
 from tgl_dist.checkpoint import RunCheckpoint, partition_identity  # noqa: E402
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, parse_run_arguments,  # noqa: E402
                           run_script)
+from tgl_dist.data.registry import default_root  # noqa: E402
 from tgl_dist.dist import broadcast_object  # noqa: E402
+from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
 from tgl_dist.dtdg.partition import partition_path  # noqa: E402
@@ -37,10 +38,10 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
                                 formatter_class=HelpFormatter)
     p.add_argument("--data", default=data, help="dataset name (folder under --root), .json path, "
                    "or a CTDG dataset binned by --span")
-    p.add_argument("--root", default=os.environ.get("TGL_DIST_DATASETS", str(REPO.parent / "shared" / "datasets")),
-                   help="datasets folder (env TGL_DIST_DATASETS)")
-    p.add_argument("--parts", default=os.environ.get("TGL_DIST_PARTS", str(REPO / "parts")),
-                   help="partitions folder (env TGL_DIST_PARTS); written on first use")
+    p.add_argument("--root", default=None, help="folder of the named datasets (default: "
+                   "$TGL_DIST_DATASETS, else ~/.cache/tgl_dist/datasets)")
+    p.add_argument("--parts", default="parts",
+                   help="partitions folder; written on first use, again when the data changed")
     p.add_argument("--model", default=model, help=f"one of {model_names()}")
     p.add_argument("--hidden-dim", type=int, default=32, help="hidden size of the snapshot model")
     p.add_argument("--num-layers", type=int, default=2, help="GNN layers per snapshot")
@@ -71,25 +72,30 @@ def _prepare(args, ctx, task: str):
     num_parts = args.num_parts or ctx.world_size
     if num_parts != ctx.world_size:
         raise SystemExit(f"--num-parts {num_parts} but the world size is {ctx.world_size}")
-    info = None
+    info, err = None, None
     if ctx.rank == 0:
-        span = float(args.span) if args.span.replace(".", "", 1).isdigit() else args.span
-        g = load_dtdg(args.data, args.root, lags=args.lags, span=span)
-        if task == "link_pred":     # counts -> log scale, plus per-snapshot degrees of the full graph
-            x = g.node().get("x")
-            deg = degree_features(g)
-            g.node()["x"] = deg if x is None else torch.cat([torch.sign(x) * x.abs().log1p(), deg], -1)
-            g.meta()["name"] = f"{g.name}-lp"
-        path = partition_path(args.parts, g.name, args.algo, num_parts)
-        fresh = True
         try:
-            fresh = read_manifest(path).get("fingerprint") != g.fingerprint()
-        except Exception:
-            pass
-        if fresh:
-            g.save_partition(args.parts, num_parts, args.algo, seed=args.seed, force=True)
-        info = {"path": str(path), "name": g.meta()["name"]}
-    info = broadcast_object(info, 0, ctx.get_default_group())
+            span = float(args.span) if args.span.replace(".", "", 1).isdigit() else args.span
+            g = load_dtdg(args.data, args.root or default_root(), lags=args.lags, span=span)
+            if task == "link_pred":     # counts -> log scale, plus per-snapshot degrees of the full graph
+                x = g.node().get("x")
+                deg = degree_features(g)
+                g.node()["x"] = deg if x is None else torch.cat([torch.sign(x) * x.abs().log1p(), deg], -1)
+                g.meta()["name"] = f"{g.name}-lp"
+            path = partition_path(args.parts, g.name, args.algo, num_parts)
+            fresh = True
+            try:
+                fresh = read_manifest(path).get("fingerprint") != g.fingerprint()
+            except Exception:
+                pass
+            if fresh:
+                g.save_partition(args.parts, num_parts, args.algo, seed=args.seed, force=True)
+            info = {"path": str(path), "name": g.meta()["name"]}
+        except (TGLDistError, ValueError, FileNotFoundError) as e:
+            err = str(e)   # every rank stops with it (the others wait for rank 0)
+    info, err = broadcast_object((info, err), 0, ctx.get_default_group())
+    if err:
+        raise SystemExit(f"error: {err}")
     return get_graph(info["path"], ctx.get_default_group()), info
 
 

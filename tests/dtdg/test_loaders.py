@@ -73,6 +73,16 @@ def test_standardization_sees_no_value_after_the_training_windows(datasets_root,
         load_pgt_json(_path(datasets_root, name), lags=lags, fit_fraction=0.0)
 
 
+def test_unknown_name_lists_what_there_is(datasets_root, tmp_path):
+    from tgl_dist.data import DatasetNotFoundError
+    from tgl_dist.dtdg import load_dtdg
+    with pytest.raises(DatasetNotFoundError, match=r"holds no twitter_tenis/twitter_tenis.json; "
+                       r"snapshot \(PGT JSON\) datasets there: .*twitter_tennis_rg17.*wikipedia"):
+        load_dtdg("twitter_tenis", datasets_root)
+    with pytest.raises(DatasetNotFoundError, match=r"datasets folder .*nowhere does not exist"):
+        load_dtdg("england_covid", tmp_path / "nowhere")
+
+
 def test_bad_json(tmp_path):
     p = tmp_path / "bad.json"
     p.write_text('{"0": {"edges": [[0, 1]], ')

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tgl_dist.checkpoint import CheckpointError
+from tgl_dist.errors import DataFormatError
 from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments, run_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,5 +97,8 @@ def test_run_script_ends_a_checkpoint_error_without_a_stack_trace():
     with pytest.raises(SystemExit) as e:
         run_script(main, 1)
     assert str(e.value.code) == "error: the run in ck/ was written by 2 ranks, this one has 1"
+    with pytest.raises(SystemExit) as e:     # the package's input errors: one line, no trace
+        run_script(lambda: (_ for _ in ()).throw(DataFormatError("d.csv", "bad time", line=3)))
+    assert str(e.value.code).startswith("error: d.csv") and "line 3" in str(e.value.code)
     with pytest.raises(KeyError):   # anything else is not caught
         run_script(lambda: {}["x"])
