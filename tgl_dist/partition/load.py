@@ -159,8 +159,8 @@ def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None
     if not folder.is_dir():
         where = f"{root} does not exist" if not root.is_dir() else f"partitions in {root}: {_existing(root)}"
         raise PartitionError(f"{folder} not found ({where}); write it with `python -m "
-                             f"tgl_dist.partition --algo {algo} --num-parts {world_size} --out "
-                             f"{root.parent}`")
+                             f"tgl_dist.partition --data {root.name} --algo {algo} --num-parts "
+                             f"{world_size} --out {root.parent}`")
     manifest = read_manifest(folder)
     if int(manifest["num_parts"]) != world_size:
         raise PartitionError(f"{folder / MANIFEST}: written for {manifest['num_parts']} parts, "
