@@ -234,3 +234,20 @@ def test_missing_file_for_direct_loaders_and_pyg_nan_time(tmp_path):
         from_pyg({"src": torch.tensor([0, 1]), "dst": torch.tensor([1, 0]),
                   "t": torch.tensor([1.0, float("nan")])})
     assert ei.value.field == "t" and ei.value.line == 1
+
+
+def test_jodie_header_without_a_column_names_it(tmp_path):
+    p = write(tmp_path / "j.csv", "user_id,item_id,state_label\n0,1,0\n1,2,0\n")
+    with pytest.raises(DataFormatError, match="no 'timestamp'") as ei:
+        load_jodie(p)
+    check(ei, p, 1, "timestamp")
+
+
+def test_a_json_file_is_pointed_to_the_snapshot_loaders(tmp_path):
+    from tgl_dist.data.loaders import infer_format
+    p = write(tmp_path / "covid.json", '{"edges": [[0, 1]], "FX": [[1.0, 2.0]]}')
+    with pytest.raises(DataFormatError, match="load_pgt_json"):
+        infer_format(p)
+    q = write(tmp_path / "odd.dat", "a b c d e f\n")
+    with pytest.raises(DataFormatError, match=r"--format on the command line"):
+        infer_format(q)

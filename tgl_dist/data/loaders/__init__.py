@@ -82,8 +82,14 @@ def infer_format(path: PathLike) -> str:
             return "snap"
         if len(fields) == 4 and "," in data[0]:
             return "snap-signed"
+    if n.endswith(".json"):
+        raise DataFormatError(path, "a .json file is snapshot (DTDG) data in PyTorch Geometric "
+                              "Temporal's layout: load it with tgl_dist.dtdg.load_pgt_json and "
+                              "partition it with GraphData.save_partition (the DTDG examples do "
+                              "both), not as an event stream")
     raise DataFormatError(path, "cannot infer the format from the file name or first lines; pass "
-                          f"format= one of {', '.join(LOADERS)}", line=1)
+                          f"format= (--format on the command line) one of {', '.join(LOADERS)}",
+                          line=1)
 
 
 __all__ = [

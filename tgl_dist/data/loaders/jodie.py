@@ -13,8 +13,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, stem, timestamps
+from tgl_dist.data.loaders._common import (PathLike, head_lines, node_ids, read_table, remap_nodes,
+                                           stem, timestamps)
 from tgl_dist.data.temporal import TemporalGraph
+from tgl_dist.errors import DataFormatError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,14 @@ def load_jodie(path: PathLike, name: Optional[str] = None, shift_items: bool = T
             negative id, a NaN or negative timestamp.
     """
     path = Path(path)
+    first = (head_lines(path, 1) or [""])[0]
+    if first[:1].isalpha():       # a header: its first four names must be JODIE's
+        head = [h.strip().lower() for h in first.split(",")[:4]]
+        if head != list(FIELDS):
+            missing = [f for f in FIELDS if f not in head]
+            raise DataFormatError(path, f"the header's first columns are {head}, expected "
+                                  f"{list(FIELDS)}" + (f": no {missing[0]!r}" if missing else ""),
+                                  line=1, field=missing[0] if missing else None)
     tab = read_table(path, names=FIELDS, min_cols=4, max_cols=-1)
     users = node_ids(tab, 0, FIELDS[0])
     items = node_ids(tab, 1, FIELDS[1])
