@@ -165,6 +165,8 @@ class Trainer:
             if self.stopped:
                 log.info("early stop at epoch %d (best %d)", epoch, self.best_epoch)
                 break
+        if hasattr(epochs, "close"):
+            epochs.close()   # cleared now (also after an early stop), before anything is printed
         if self.best_state is not None:
             self.load_state_dict(self.best_state)
         out = {"best_epoch": self.best_epoch, "epochs_run": len(self.history)}
