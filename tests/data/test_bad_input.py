@@ -53,9 +53,13 @@ def test_too_many_fields_on_the_first_row_names_the_first_extra(tmp_path):
 
 def test_empty_field_is_a_missing_field(tmp_path):
     p = write(tmp_path / "out.x", "% h\n1,2,1,5\n1,,1,6\n")
-    with pytest.raises(DataFormatError) as ei:
+    with pytest.raises(DataFormatError, match="field 2 is empty") as ei:
         load_konect(p, check_header=False)
     check(ei, p, 3, "time")
+    p = write(tmp_path / "e.txt", "1,,3\n")
+    with pytest.raises(DataFormatError, match=r"found 2; field 2 is empty") as ei:
+        load_snap(p)
+    check(ei, p, 1, "time")
 
 
 def test_non_numeric_id(tmp_path):
