@@ -95,6 +95,14 @@ def test_other_world_size_refused(tmp_path):
     (ck / "v000001" / "manifest_0.json").write_text(json.dumps(m))
     with pytest.raises(CheckpointError, match="written by 2 ranks"):
         CheckpointManager(ck).load()
+    # rank 1 of a 2-rank run resuming a 1-rank checkpoint: the same reason (there is no
+    # manifest_1.json, and that is not what to tell the user)
+    m["world_size"] = 1
+    (ck / "v000001" / "manifest_0.json").write_text(json.dumps(m))
+    two = CheckpointManager(ck)
+    two.rank, two.world_size = 1, 2
+    with pytest.raises(CheckpointError, match="written by 1 ranks, this run has 2"):
+        two.load()
 
 
 # The writer: commits version 1, then writes version 2 with a 32 MB shard through a slow

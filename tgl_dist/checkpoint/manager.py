@@ -233,11 +233,11 @@ class CheckpointManager:
             raise CheckpointError(f"{self.path}: no committed checkpoint (no VERSION file)")
         d = self._vdir(v)
         m0 = self._manifest(d, 0)
-        mine = m0 if self.rank == 0 else self._manifest(d, self.rank)
-        if m0["world_size"] != self.world_size:
-            raise CheckpointError(
+        if m0["world_size"] != self.world_size:   # before this rank's own manifest: every
+            raise CheckpointError(                 # rank gives this one reason
                 f"{d}: written by {m0['world_size']} ranks, this run has {self.world_size}; "
                 f"resume with --nproc_per_node={m0['world_size']} (shards belong to partitions)")
+        mine = m0 if self.rank == 0 else self._manifest(d, self.rank)
         for key, val in self.run_meta.items():
             saved = m0["run_meta"].get(key)
             now = json.loads(json.dumps(val, default=str))
