@@ -200,8 +200,10 @@ class DistributedContext:
         return dist.new_group(backend=dist.get_backend(), timeout=self.timeout)
 
     def barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier()
+        """Wait for every rank; a dead or stuck peer raises :class:`PeerFailureError`
+        (after at most the timeout), as every other collective does."""
+        from tgl_dist.dist.exchange import barrier
+        barrier()
 
     @property
     def is_main(self) -> bool:

@@ -98,7 +98,7 @@ def test_existing_group_backend_conflict_is_an_error(world_of_one_group):
     assert ctx.backend == "gloo" and ctx.get_default_group() is not None
 
 
-def _dead_peer_worker(out_file):
+def _dead_peer_worker(out_file, call):
     from tgl_dist.dist import all_reduce_
     ctx = DistributedContext.init(use_gpu=False, timeout=5.0)
     all_reduce_(torch.ones(1))  # both ranks alive here
@@ -107,7 +107,10 @@ def _dead_peer_worker(out_file):
         os._exit(0)  # dies without taking part in the next collective
     t0 = time.monotonic()
     try:
-        all_reduce_(torch.ones(1))
+        if call == "barrier":
+            ctx.barrier()
+        else:
+            all_reduce_(torch.ones(1))
         result = "no error"
     except PeerFailureError as e:
         result = f"PeerFailureError: {e}"
@@ -117,10 +120,11 @@ def _dead_peer_worker(out_file):
 
 
 @pytest.mark.distributed
-def test_dead_peer_gives_error_not_hang(tmp_path):
+@pytest.mark.parametrize("call", ["all_reduce", "barrier"])
+def test_dead_peer_gives_error_not_hang(tmp_path, call):
     out_file = tmp_path / "rank0.txt"
     with pytest.raises(RuntimeError, match="without returning a result"):
-        run_distributed(_dead_peer_worker, 2, str(out_file), timeout=60)
+        run_distributed(_dead_peer_worker, 2, str(out_file), call, timeout=60)
     for _ in range(100):  # rank 0 may still be finishing when rank 1's exit is noticed
         if out_file.exists() and out_file.read_text().count("\n"):
             break

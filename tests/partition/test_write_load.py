@@ -99,6 +99,53 @@ def test_failed_forced_rewrite_keeps_old_output(toy_graph, tmp_path, monkeypatch
     assert partition_load(path.parent, "hash", rank=1, world_size=2).num_parts == 2
 
 
+@pytest.mark.parametrize("exchange", [True, False])
+def test_forced_rewrite_keeps_a_loadable_version_at_every_moment(toy_graph, tmp_path,
+                                                                 monkeypatch, exchange):
+    """The swap of old and new: one RENAME_EXCHANGE where the system has it; else two
+    renames, the old one put back if the second fails, and read from its aside name if
+    the writer died in between. Leftovers of dead writers go at the next write."""
+    import os
+    from tgl_dist.partition import storage
+    if not exchange:
+        monkeypatch.setattr(storage, "_exchange", lambda a, b: False)
+    path = partition_graph(toy_graph, 2, "hash", tmp_path, seed=0)
+    partition_graph(toy_graph, 2, "hash", tmp_path, seed=3, force=True)
+    assert partition_load(path.parent, "hash", rank=0, world_size=2).manifest["seed"] == 3
+    assert sorted(x.name for x in path.parent.iterdir()) == ["hash_2"]
+    if exchange:
+        return
+    real = os.replace
+    calls = []
+
+    def second_fails(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise OSError("EIO on the second rename")
+        real(a, b)
+
+    monkeypatch.setattr(storage.os, "replace", second_fails)
+    with pytest.raises(OSError, match="EIO"):
+        partition_graph(toy_graph, 2, "hash", tmp_path, seed=5, force=True)
+    monkeypatch.setattr(storage.os, "replace", real)
+    assert partition_load(path.parent, "hash", rank=0, world_size=2).manifest["seed"] == 3
+    # the writer died between its renames: only the aside copy of a dead pid is left
+    aside = path.parent / ".hash_2.old-999999999"
+    real(path, aside)
+    got = partition_load(path.parent, "hash", rank=1, world_size=2)
+    assert got.manifest["seed"] == 3
+    (path.parent / ".hash_2.tmp-999999999").mkdir()      # a killed writer's temporary
+    partition_graph(toy_graph, 2, "hash", tmp_path, seed=7, force=True)
+    assert sorted(x.name for x in path.parent.iterdir()) == ["hash_2"]
+    assert partition_load(path.parent, "hash", rank=0, world_size=2).manifest["seed"] == 7
+
+
+def test_event_ids_must_be_positions(toy_graph, tmp_path):
+    sub = toy_graph.subgraph_events(torch.arange(toy_graph.num_events) >= 4)
+    with pytest.raises(ValueError, match="event ids must be 0..E-1"):
+        partition_graph(sub, 2, "hash", tmp_path)
+
+
 def test_bad_num_parts(toy_graph, tmp_path):
     for bad in (0, -1, 2.0, toy_graph.num_nodes + 1):
         with pytest.raises(ValueError, match="num_parts"):

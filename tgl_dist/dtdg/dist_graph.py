@@ -18,7 +18,7 @@ from tgl_dist.dtdg.graph_data import GraphData, Snapshot
 from tgl_dist.dtdg.partition import KIND, PART_FILE, build_parts, partition_path
 from tgl_dist.dtdg.route import Route
 from tgl_dist.errors import PartitionError
-from tgl_dist.partition.storage import MANIFEST, read_manifest, verify_files
+from tgl_dist.partition.storage import MANIFEST, existing_folder, read_manifest, verify_files
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +204,7 @@ def get_graph(root: Union[str, Path], group=None, name: Optional[str] = None,
     folder = Path(root)
     if not (folder / MANIFEST).is_file() and name is not None:
         folder = partition_path(root, name, algorithm, ws)
+    folder = existing_folder(folder)
     manifest = read_manifest(folder)
     if manifest.get("kind") != KIND:
         raise PartitionError(f"{folder}: a {manifest.get('kind', 'CTDG')!r} partition, not a DTDG "

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from tgl_dist.dist import PartitionBook, world
 from tgl_dist.errors import PartitionError
-from tgl_dist.partition.storage import MANIFEST, read_manifest, verify_files
+from tgl_dist.partition.storage import MANIFEST, existing_folder, read_manifest, verify_files
 
 OptTensor = Optional[Tensor]
 MASK_NAMES = ("train", "val", "test", "inductive_train", "new_node_val", "new_node_test")
@@ -155,7 +155,7 @@ def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None
     if not 0 <= rank < world_size:
         raise PartitionError(f"rank {rank} is outside [0, {world_size})")
     root = Path(root)
-    folder = root / f"{algo}_{world_size}"
+    folder = existing_folder(root / f"{algo}_{world_size}")
     if not folder.is_dir():
         where = f"{root} does not exist" if not root.is_dir() else f"partitions in {root}: {_existing(root)}"
         raise PartitionError(f"{folder} not found ({where}); write it with `python -m "

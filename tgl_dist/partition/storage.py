@@ -2,13 +2,20 @@
 
 A partition folder is written into a temporary sibling ``.<name>.tmp-<pid>`` and
 renamed into place only when every file and the ``manifest.json`` are written and
-fsynced, so a crash never leaves a loadable half-partition. ``manifest.json``
-records the format version and a SHA-256 checksum of every file; loading checks both.
+fsynced, so a crash never leaves a loadable half-partition. Replacing an existing
+folder swaps the two in one atomic ``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere
+the old folder is first renamed aside to ``.<name>.old-<pid>`` (put back if the second
+rename fails, and read by :func:`existing_folder` if the process died in between), so
+the previous version stays loadable at every moment. ``manifest.json`` records the
+format version and a SHA-256 checksum of every file; loading checks both.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 from contextlib import contextmanager
@@ -21,6 +28,8 @@ from tgl_dist.errors import PartitionError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+
+log = logging.getLogger(__name__)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -70,17 +79,75 @@ def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         fsync_dir(tmp)
-        if out.exists():
+        if not out.exists():
+            os.replace(tmp, out)
+        elif _exchange(tmp, out):          # out: the new version; tmp: the old one
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old, out)       # the previous version back in place
+                raise
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
         fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _drop_leftovers(out)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where the
+    system or the file system does not offer it."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _drop_leftovers(out: Path) -> None:
+    """Remove ``.<name>.tmp-<pid>`` / ``.<name>.old-<pid>`` folders of writers that died
+    (``out`` itself is whole again: a new version was just put in place)."""
+    for p in out.parent.glob(f".{out.name}.*-*"):
+        kind, _, pid = p.name[len(out.name) + 2:].partition("-")
+        if kind in ("tmp", "old") and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def existing_folder(out: Path) -> Path:
+    """``out``, or the previous version a writer left at ``.<name>.old-<pid>`` when it died
+    between its two renames (no ``RENAME_EXCHANGE``): that one is whole and checked like
+    any other. ``out`` when neither exists (the caller reports it)."""
+    out = Path(out)
+    if out.exists():
+        return out
+    olds = sorted(out.parent.glob(f".{out.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if olds and (olds[-1] / MANIFEST).is_file():
+        log.warning("%s is missing: a rewrite was interrupted; reading the previous version "
+                    "left at %s (write the partition again to clean up)", out, olds[-1])
+        return olds[-1]
+    return out
 
 
 def write_manifest(folder: Path, meta: Dict) -> Dict:

@@ -116,6 +116,10 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
     missing = [k for k in MASK_NAMES if k not in graph.masks]
     if missing:
         raise ValueError(f"graph.masks lacks {', '.join(missing)}; call graph.split() first")
+    if not torch.equal(graph.eid, torch.arange(graph.num_events, dtype=graph.eid.dtype)):
+        raise ValueError("event ids must be 0..E-1 in stream order (a partition looks events "
+                         "up by id), and this graph's are not (e.g. made by subgraph_events): "
+                         "build a TemporalGraph from its src, dst, t (and edge_attr[eid]) first")
     dest = partition_dir(out, name, algo, num_parts)
     if dest.exists() and not force:
         raise FileExistsError(f"{dest} already exists; pass force=True (--force) to overwrite it")
