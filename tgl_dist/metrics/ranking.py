@@ -58,14 +58,16 @@ class LinkPredMetrics:
         self.neg_k: List[Tensor] = []
 
     def update(self, pos: Tensor, neg: Tensor, neg_k: Optional[Tensor] = None) -> None:
-        self.pos.append(pos.detach().reshape(-1).float().cpu())
-        self.neg.append(neg.detach().reshape(-1).float().cpu())
+        # kept in float64: float32 would merge float64 scores that differ below its
+        # precision into ties (half credit in the MRR); float32 scores convert exactly
+        self.pos.append(pos.detach().reshape(-1).double().cpu())
+        self.neg.append(neg.detach().reshape(-1).double().cpu())
         if neg_k is not None:
-            self.neg_k.append(neg_k.detach().reshape(pos.numel(), -1).float().cpu())
+            self.neg_k.append(neg_k.detach().reshape(pos.numel(), -1).double().cpu())
 
     def compute(self, group=None) -> Dict[str, float]:
-        pos = torch.cat(self.pos) if self.pos else torch.zeros(0)
-        neg = torch.cat(self.neg) if self.neg else torch.zeros(0)
+        pos = torch.cat(self.pos) if self.pos else torch.zeros(0, dtype=torch.float64)
+        neg = torch.cat(self.neg) if self.neg else torch.zeros(0, dtype=torch.float64)
         pos, neg = all_gather_v(pos, group), all_gather_v(neg, group)
         out = {"ap": float("nan"), "auc": float("nan"), "num": int(pos.numel())}
         if pos.numel() and neg.numel():
@@ -76,8 +78,8 @@ class LinkPredMetrics:
         import torch.distributed as dist
         all_reduce_(k, dist.ReduceOp.MAX if dist.is_initialized() else None, group)
         if int(k) > 0:
-            pk = torch.cat(self.pos) if self.neg_k else torch.zeros(0)
-            nk = torch.cat(self.neg_k) if self.neg_k else torch.zeros(0, int(k))
+            pk = torch.cat(self.pos) if self.neg_k else torch.zeros(0, dtype=torch.float64)
+            nk = torch.cat(self.neg_k) if self.neg_k else torch.zeros(0, int(k), dtype=torch.float64)
             pk, nk = all_gather_v(pk, group), all_gather_v(nk, group)
             out["mrr"] = mrr(pk, nk)
         return out
@@ -88,17 +90,17 @@ class LinkPredMetrics:
     def state_dict(self) -> Dict[str, Optional[Tensor]]:
         """This rank's scores so far (for checkpoints of a partial split):
         ``{'pos': [n], 'neg': [n], 'neg_k': [n, k] or None}``."""
-        return {"pos": torch.cat(self.pos) if self.pos else torch.zeros(0),
-                "neg": torch.cat(self.neg) if self.neg else torch.zeros(0),
+        return {"pos": torch.cat(self.pos) if self.pos else torch.zeros(0, dtype=torch.float64),
+                "neg": torch.cat(self.neg) if self.neg else torch.zeros(0, dtype=torch.float64),
                 "neg_k": torch.cat(self.neg_k) if self.neg_k else None}
 
     def load_state_dict(self, state: Dict[str, Optional[Tensor]]) -> None:
         """Restore :meth:`state_dict`; ``compute()`` then gives the same figures."""
         self.__init__()
         if state["pos"].numel():
-            self.pos, self.neg = [state["pos"].float().cpu()], [state["neg"].float().cpu()]
+            self.pos, self.neg = [state["pos"].double().cpu()], [state["neg"].double().cpu()]
         if state.get("neg_k") is not None and state["neg_k"].numel():
-            self.neg_k = [state["neg_k"].float().cpu()]
+            self.neg_k = [state["neg_k"].double().cpu()]
 
 
 class EarlyStopMonitor:
@@ -118,7 +120,7 @@ class EarlyStopMonitor:
         """Record one round; returns True when training should stop."""
         self.epoch += 1
         v = value if self.higher_better else -value
-        if self.best is None or v - self.best > self.tolerance:
+        if v == v and (self.best is None or v - self.best > self.tolerance):   # NaN: no better
             self.best, self.best_epoch, self.rounds = v, self.epoch, 0
         else:
             self.rounds += 1

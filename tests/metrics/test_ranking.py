@@ -1,0 +1,71 @@
+"""Metrics over the whole split: AP/AUC as sklearn, MRR with TGB's tie rule, gathered over
+ranks, float64 scores kept, early stopping."""
+import math
+
+import pytest
+import torch
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from tgl_dist.metrics import EarlyStopMonitor, LinkPredMetrics, average_precision, mrr, roc_auc
+from tgl_dist.testing import run_distributed
+
+
+def test_ap_auc_equal_sklearn_with_ties_and_mrr_tie_rule():
+    g = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 5, (200,), generator=g).double()   # many ties
+    neg = torch.randint(0, 5, (200,), generator=g).double()
+    y = [1] * 200 + [0] * 200
+    s = torch.cat([pos, neg]).numpy()
+    assert average_precision(pos, neg) == pytest.approx(average_precision_score(y, s), abs=1e-12)
+    assert roc_auc(pos, neg) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    # rank = 1 + #greater + 0.5 #equal
+    assert mrr(torch.tensor([1.0, 1.0]), torch.tensor([[0.0, 2.0], [1.0, 1.0]])) == \
+        pytest.approx((1 / 2 + 1 / 2) / 2)
+    assert math.isnan(mrr(torch.zeros(0), torch.zeros(0, 3)))
+
+
+def test_float64_scores_are_not_merged_into_ties():
+    m = LinkPredMetrics()
+    pos = torch.tensor([0.5 + 1e-12], dtype=torch.float64)
+    m.update(pos, torch.tensor([0.5], dtype=torch.float64),
+             torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64))
+    assert m.compute()["mrr"] == 1.0          # float32 storage made it a tie: 0.5
+    s = LinkPredMetrics()
+    s.load_state_dict(m.state_dict())
+    assert s.compute()["mrr"] == 1.0
+
+
+def _gathered(chunks):
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    m = LinkPredMetrics()
+    for pos, neg, negk in chunks[ctx.rank]:   # rank 1 may have nothing at all
+        m.update(pos, neg, negk)
+    return m.compute()
+
+
+@pytest.mark.distributed
+def test_two_ranks_gather_the_whole_split():
+    g = torch.Generator().manual_seed(1)
+    parts = [(torch.rand(n, generator=g), torch.rand(n, generator=g), torch.rand(n, 4, generator=g))
+             for n in (30, 17, 5)]
+    one = LinkPredMetrics()
+    for p in parts:
+        one.update(*p)
+    ref = one.compute()
+    for split in ([parts[:2], parts[2:]], [parts, []]):
+        for got in run_distributed(_gathered, 2, split):
+            assert got["num"] == 52
+            for k in ("ap", "auc", "mrr"):
+                assert got[k] == pytest.approx(ref[k], abs=1e-12), k
+
+
+def test_early_stop_patience_direction_and_nan():
+    m = EarlyStopMonitor(patience=2)
+    assert [m.step(v) for v in (0.5, 0.6, 0.6, 0.55)] == [False, False, False, True]
+    assert m.best_epoch == 1
+    low = EarlyStopMonitor(patience=1, higher_better=False)
+    assert [low.step(v) for v in (3.0, 2.0, 2.5)] == [False, False, True]
+    nan = EarlyStopMonitor(patience=2)       # a NaN first is no improvement, not the best
+    assert [nan.step(v) for v in (float("nan"), 0.6, 0.7, 0.8)] == [False, False, False, False]
+    assert nan.best_epoch == 3 and nan.best == 0.8
