@@ -1,6 +1,6 @@
 """DTDG accuracy with 1 and 2 processes: link prediction (Twitter tennis) and node regression (England COVID).
 
-    python benchmarks/dtdg_accuracy.py [--epochs-lp 30] [--epochs-nr 50] [--procs 1 2]
+    python benchmarks/dtdg_accuracy.py [--root DATASETS] [--epochs-lp 30] [--epochs-nr 50] [--procs 1 2]
 
 Runs ``examples/dtdg/train_link_pred.py`` and ``examples/dtdg/train_node_regression.py``
 as plain ``python`` (1 process) and under ``torchrun --nproc_per_node=2`` (gloo on
@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +38,11 @@ def run(script: str, procs: int, extra) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--root", default=os.environ.get("TGL_DIST_DATASETS",
+                                                    str(REPO.parent / "shared" / "datasets")),
+                   help="datasets folder (default: $TGL_DIST_DATASETS, else ../shared/datasets)")
+    p.add_argument("--parts", default=str(Path(tempfile.gettempdir()) / "tgl_dist_bench_parts"),
+                   help="where the examples write their partitions")
     p.add_argument("--epochs-lp", type=int, default=30)
     p.add_argument("--epochs-nr", type=int, default=50)
     p.add_argument("--procs", type=int, nargs="+", default=[1, 2])
@@ -44,9 +50,12 @@ def main() -> None:
     p.add_argument("--nr-args", default="", help="extra arguments for train_node_regression.py")
     args = p.parse_args()
     runs = []
+    where = ["--root", args.root, "--parts", args.parts]
     for procs in args.procs:
-        runs.append(run("train_link_pred.py", procs, ["--epochs", str(args.epochs_lp)] + args.lp_args.split()))
-        runs.append(run("train_node_regression.py", procs, ["--epochs", str(args.epochs_nr)] + args.nr_args.split()))
+        runs.append(run("train_link_pred.py", procs,
+                        ["--epochs", str(args.epochs_lp)] + where + args.lp_args.split()))
+        runs.append(run("train_node_regression.py", procs,
+                        ["--epochs", str(args.epochs_nr)] + where + args.nr_args.split()))
     print(f"{'task':16} {'P':>2} {'model':12} {'metric':>10} {'baseline':>10} {'snap/s':>8}")
     for r in runs:
         m = "ap" if r["task"] == "link_pred" else "mse"
