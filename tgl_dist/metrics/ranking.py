@@ -50,6 +50,14 @@ class LinkPredMetrics:
     ``update(pos, neg)`` with ``pos [B]`` and ``neg [B]`` (one negative per positive,
     for AP/AUC); optionally ``neg_k [B, k]`` for MRR. ``compute(group)`` is a
     collective: every rank must call it, even with no scores.
+
+    Scores are ranked at float32 precision, also those of a float64 model. Scores that
+    are equal in exact arithmetic come out of 1 and N ranks with different rounding
+    (summation order), ~1e-16 apart in float64; ranked as they are, those differences
+    would break ties one way on one process and another way on two, and AP, AUC and
+    MRR would depend on the world size (by 8e-5 AP in a test whose featureless
+    EvolveGCN gives many equal scores). The price: float64 scores closer than
+    float32's precision (~6e-8 relative) count as ties, like any two equal scores.
     """
 
     def __init__(self) -> None:
@@ -58,16 +66,15 @@ class LinkPredMetrics:
         self.neg_k: List[Tensor] = []
 
     def update(self, pos: Tensor, neg: Tensor, neg_k: Optional[Tensor] = None) -> None:
-        # kept in float64: float32 would merge float64 scores that differ below its
-        # precision into ties (half credit in the MRR); float32 scores convert exactly
-        self.pos.append(pos.detach().reshape(-1).double().cpu())
-        self.neg.append(neg.detach().reshape(-1).double().cpu())
+        # compared at float32 precision on purpose (see the class docstring)
+        self.pos.append(pos.detach().reshape(-1).float().cpu())
+        self.neg.append(neg.detach().reshape(-1).float().cpu())
         if neg_k is not None:
-            self.neg_k.append(neg_k.detach().reshape(pos.numel(), -1).double().cpu())
+            self.neg_k.append(neg_k.detach().reshape(pos.numel(), -1).float().cpu())
 
     def compute(self, group=None) -> Dict[str, float]:
-        pos = torch.cat(self.pos) if self.pos else torch.zeros(0, dtype=torch.float64)
-        neg = torch.cat(self.neg) if self.neg else torch.zeros(0, dtype=torch.float64)
+        pos = torch.cat(self.pos) if self.pos else torch.zeros(0)
+        neg = torch.cat(self.neg) if self.neg else torch.zeros(0)
         pos, neg = all_gather_v(pos, group), all_gather_v(neg, group)
         out = {"ap": float("nan"), "auc": float("nan"), "num": int(pos.numel())}
         if pos.numel() and neg.numel():
@@ -78,8 +85,8 @@ class LinkPredMetrics:
         import torch.distributed as dist
         all_reduce_(k, dist.ReduceOp.MAX if dist.is_initialized() else None, group)
         if int(k) > 0:
-            pk = torch.cat(self.pos) if self.neg_k else torch.zeros(0, dtype=torch.float64)
-            nk = torch.cat(self.neg_k) if self.neg_k else torch.zeros(0, int(k), dtype=torch.float64)
+            pk = torch.cat(self.pos) if self.neg_k else torch.zeros(0)
+            nk = torch.cat(self.neg_k) if self.neg_k else torch.zeros(0, int(k))
             pk, nk = all_gather_v(pk, group), all_gather_v(nk, group)
             out["mrr"] = mrr(pk, nk)
         return out
@@ -90,17 +97,17 @@ class LinkPredMetrics:
     def state_dict(self) -> Dict[str, Optional[Tensor]]:
         """This rank's scores so far (for checkpoints of a partial split):
         ``{'pos': [n], 'neg': [n], 'neg_k': [n, k] or None}``."""
-        return {"pos": torch.cat(self.pos) if self.pos else torch.zeros(0, dtype=torch.float64),
-                "neg": torch.cat(self.neg) if self.neg else torch.zeros(0, dtype=torch.float64),
+        return {"pos": torch.cat(self.pos) if self.pos else torch.zeros(0),
+                "neg": torch.cat(self.neg) if self.neg else torch.zeros(0),
                 "neg_k": torch.cat(self.neg_k) if self.neg_k else None}
 
     def load_state_dict(self, state: Dict[str, Optional[Tensor]]) -> None:
         """Restore :meth:`state_dict`; ``compute()`` then gives the same figures."""
         self.__init__()
         if state["pos"].numel():
-            self.pos, self.neg = [state["pos"].double().cpu()], [state["neg"].double().cpu()]
+            self.pos, self.neg = [state["pos"].float().cpu()], [state["neg"].float().cpu()]
         if state.get("neg_k") is not None and state["neg_k"].numel():
-            self.neg_k = [state["neg_k"].double().cpu()]
+            self.neg_k = [state["neg_k"].float().cpu()]
 
 
 class EarlyStopMonitor:
