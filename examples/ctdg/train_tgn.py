@@ -57,7 +57,7 @@ from tgl_dist.checkpoint import (RunCheckpoint, capture,  # noqa: E402
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, parse_run_arguments,  # noqa: E402
                           run_script)
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
-from tgl_dist.errors import PartitionError, TGLDistError  # noqa: E402
+from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
 from tgl_dist.loader import DistributedDataLoader  # noqa: E402
 from tgl_dist.memory import SharedMailBox  # noqa: E402
@@ -65,7 +65,7 @@ from tgl_dist.metrics import EarlyStopMonitor, LinkPredMetrics  # noqa: E402
 from tgl_dist.models import (broadcast_parameters, build_model, build_optimizer,  # noqa: E402
                              load_config, run_epoch)
 from tgl_dist.partition import partition_graph, partition_load  # noqa: E402
-from tgl_dist.partition.storage import read_manifest  # noqa: E402
+from tgl_dist.partition.storage import written_from  # noqa: E402
 from tgl_dist.sampling import NegativeSampling, NeighborSampler  # noqa: E402
 
 log = logging.getLogger("train_tgn")
@@ -125,20 +125,13 @@ def ensure_partition(args, ctx) -> Path:
             g = load_dataset(args.data, root=args.root, format=args.format, **kw)
             folder = Path(args.parts) / g.name
             part = folder / f"{args.partition_algo}_{ctx.world_size}"
-            stale = False
-            if part.is_dir() and not args.repartition:
-                try:
-                    stale = read_manifest(part).get("fingerprint") != g.fingerprint()
-                except PartitionError:
-                    stale = True        # unreadable: write it again
-                if stale:
+            if args.repartition or not written_from(part, g.fingerprint()):
+                if part.is_dir() and not args.repartition:
                     log.warning("%s was written from other data than %s; partitioning again",
                                 part, args.data)
-            if args.repartition or stale or not part.is_dir():
                 log.info("partitioning %s into %d parts with %s", g.name, ctx.world_size,
                          args.partition_algo)
-                partition_graph(g, ctx.world_size, args.partition_algo, args.parts,
-                                force=args.repartition or stale)
+                partition_graph(g, ctx.world_size, args.partition_algo, args.parts, force=True)
         except (TGLDistError, ValueError, FileNotFoundError) as e:
             err = f"{type(e).__name__}: {e}"
     folder, err = broadcast_object((folder, err))

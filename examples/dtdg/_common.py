@@ -27,7 +27,7 @@ from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
 from tgl_dist.dtdg.partition import partition_path  # noqa: E402
-from tgl_dist.partition.storage import read_manifest  # noqa: E402
+from tgl_dist.partition.storage import read_manifest, written_from  # noqa: E402
 
 log = logging.getLogger("dtdg_example")
 
@@ -83,12 +83,7 @@ def _prepare(args, ctx, task: str):
                 g.node()["x"] = deg if x is None else torch.cat([torch.sign(x) * x.abs().log1p(), deg], -1)
                 g.meta()["name"] = f"{g.name}-lp"
             path = partition_path(args.parts, g.name, args.algo, num_parts)
-            fresh = True
-            try:
-                fresh = read_manifest(path).get("fingerprint") != g.fingerprint()
-            except Exception:
-                pass
-            if fresh:
+            if not written_from(path, g.fingerprint()):
                 g.save_partition(args.parts, num_parts, args.algo, seed=args.seed, force=True)
             info = {"path": str(path), "name": g.meta()["name"]}
         except (TGLDistError, ValueError, FileNotFoundError) as e:

@@ -185,6 +185,16 @@ def read_manifest(folder: Path) -> Dict:
     return manifest
 
 
+def written_from(folder: Path, fingerprint: str) -> bool:
+    """Whether ``folder`` holds a readable partition whose manifest records the data
+    ``fingerprint`` (``False``: absent, unreadable, or written from other data, so a
+    caller that partitions on first use writes it again)."""
+    try:
+        return read_manifest(folder).get("fingerprint") == fingerprint
+    except PartitionError:
+        return False
+
+
 def verify_files(folder: Path, manifest: Dict, prefix: str = "") -> None:
     """Check size and checksum of the manifest's files under ``prefix`` (e.g. ``'part_1/'``)."""
     folder = Path(folder)
