@@ -119,6 +119,10 @@ def known_datasets() -> List[str]:
     return sorted(KNOWN) + ["synthetic"]
 
 
+class UnknownDatasetError(DatasetNotFoundError, ValueError):
+    """Neither a file nor a known dataset name (a ``ValueError`` too, as before)."""
+
+
 def _norm(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
@@ -169,8 +173,8 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
         return get_loader(format or spec.format)(found, **kw)
     if os.sep in str(name_or_path) or path.suffix:
         raise DatasetNotFoundError(f"no such file: {path}")
-    raise ValueError(f"unknown dataset {str(name_or_path)!r}: not a file and not a known name; "
-                     f"known names: {', '.join(known_datasets())}")
+    raise UnknownDatasetError(f"unknown dataset {str(name_or_path)!r}: not a file and not a "
+                              f"known name; known names: {', '.join(known_datasets())}")
 
 
 def _folders(spec: DatasetSpec, base: Path) -> List[Path]:

@@ -344,15 +344,17 @@ def load_dtdg(data: Union[str, Path], root: Union[str, Path, None] = None, lags:
             if cand.is_file():
                 return load_pgt_json(cand, lags=lags, standardize=standardize)
     from tgl_dist.data import load_dataset
-    from tgl_dist.data.registry import KNOWN, _norm, known_datasets
-    if not p.exists() and p.suffix == "" and _norm(str(data)) not in {*KNOWN, "synthetic"}:
+    from tgl_dist.data.registry import UnknownDatasetError, known_datasets
+    try:
+        tg = load_dataset(str(data), root=root, download=False)
+    except UnknownDatasetError:   # neither a PGT file under root nor a stream: say what is there
+        there = root is not None and Path(root).is_dir()
         pgt = sorted(d.name for d in Path(root).iterdir() if (d / f"{d.name}.json").is_file()) \
-            if root is not None and Path(root).is_dir() else []
-        where = (f"{root} holds no {data}/{data}.json" if root is not None and Path(root).is_dir()
+            if there else []
+        where = (f"{root} holds no {data}/{data}.json" if there
                  else f"the datasets folder {root} does not exist")
         raise DatasetNotFoundError(
             f"unknown dataset {str(data)!r}: {where}; snapshot (PGT JSON) datasets there: "
             f"{', '.join(pgt) or 'none'}; event-stream datasets (binned into snapshots): "
-            f"{', '.join(known_datasets())}; or pass a file path")
-    tg = load_dataset(str(data), root=root, download=False)
+            f"{', '.join(known_datasets())}; or pass a file path") from None
     return from_temporal(tg, span=None if num_snapshots else span, num_snapshots=num_snapshots)
