@@ -95,6 +95,22 @@ def _exit_grace() -> None:
     time.sleep(0.05)
 
 
+def _gpu_of(local_rank: int, backend: str) -> int:
+    """The GPU of the process with ``local_rank``: its own one. With gloo, processes
+    beyond the visible GPUs share them round-robin (gloo moves data through host memory);
+    NCCL needs one GPU per process and refuses a shared one deep inside its setup, so
+    that is an error here, with what to do instead."""
+    n = torch.cuda.device_count()
+    if local_rank < n:
+        return local_rank
+    if backend == "nccl":
+        raise ValueError(
+            f"LOCAL_RANK {local_rank} but this machine shows {n} GPU(s): NCCL needs one GPU per "
+            f"process. Start at most {n} process(es) per machine (torchrun --nproc_per_node={n}), "
+            f"or use backend='gloo' (processes then share GPUs), or use_gpu=False")
+    return local_rank % n
+
+
 class DistributedContext:
     """The calling process's place in the distributed job.
 
@@ -102,7 +118,8 @@ class DistributedContext:
         rank: global rank in ``[0, world_size)``.
         world_size: number of processes.
         local_rank: rank on this machine (selects the GPU).
-        device: ``cuda:<local_rank>`` when GPUs are used, else ``cpu``.
+        device: ``cuda:<local_rank>`` when GPUs are used, else ``cpu`` (with gloo, more
+            processes than GPUs on a machine share them: ``cuda:<local_rank % GPUs>``).
         backend: ``'gloo'`` or ``'nccl'`` (``None`` in a world of one).
         timeout: collective timeout; a rank that dies makes the others fail
             after at most this long instead of waiting forever.
@@ -134,18 +151,23 @@ class DistributedContext:
         Args:
             backend: ``'gloo'`` or ``'nccl'``; default NCCL when GPUs are used, else gloo
                 (or, when a process group exists, that group's backend).
-            use_gpu: use ``cuda:<local_rank>``; default: when CUDA is available.
+            use_gpu: use ``cuda:<local_rank>``; default: when CUDA is available. Collectives
+                take their tensors on the group's device whatever the caller's
+                (:func:`tgl_dist.dist.comm_device`): NCCL on the GPU, gloo on the CPU.
             timeout: seconds a collective may wait for a peer before it fails.
 
         Raises:
-            ValueError: an unknown backend; NCCL without GPUs; or a ``backend`` that
+            ValueError: an unknown backend; NCCL without GPUs, or with more processes on
+                a machine than GPUs; or a ``backend`` that
                 conflicts with the existing process group's (both are named).
         """
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if use_gpu is None:
-            use_gpu = torch.cuda.is_available()
+            use_gpu = gpus > 0
         keep_freed_memory()
-        if use_gpu and not torch.cuda.is_available():
-            raise ValueError("use_gpu=True but CUDA is not available on this machine")
+        if use_gpu and not gpus:
+            raise ValueError("use_gpu=True but CUDA is not available on this machine (no GPU "
+                             "visible: check CUDA_VISIBLE_DEVICES)")
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -165,8 +187,9 @@ class DistributedContext:
                 backend = existing
         if backend == "nccl" and not use_gpu:
             raise ValueError("backend='nccl' needs use_gpu=True (NCCL runs on GPUs only)")
-        device = torch.device(f"cuda:{local_rank}" if use_gpu else "cpu")
+        device = torch.device("cpu")
         if use_gpu:
+            device = torch.device("cuda", _gpu_of(local_rank, backend))
             torch.cuda.set_device(device)
         td = datetime.timedelta(seconds=timeout)
         if world_size > 1 and not dist.is_initialized():

@@ -201,3 +201,26 @@ def test_ranks_that_exit_right_after_a_collective_exit_cleanly():
         for p in procs:
             _, err = p.communicate(timeout=120)
             assert p.returncode == 0, err[-2000:]
+
+
+def test_more_processes_than_gpus(monkeypatch):
+    """NCCL needs a GPU per process: the 2nd process on a 1-GPU machine gets a clear error
+    (not NCCL's own from deep inside its setup); with gloo processes share the GPUs."""
+    from tgl_dist.context import _gpu_of
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _gpu_of(0, "nccl") == 0 and _gpu_of(1, "gloo") == 0 and _gpu_of(2, "gloo") == 0
+    with pytest.raises(ValueError, match="NCCL needs one GPU per process.*--nproc_per_node=1"):
+        _gpu_of(1, "nccl")
+
+
+def _comm_device_worker():
+    from tgl_dist.dist import all_gather_v, comm_device
+    DistributedContext.init(use_gpu=False)
+    return str(comm_device()), all_gather_v(torch.tensor([1.0])).tolist()
+
+
+@pytest.mark.distributed
+def test_gloo_collectives_run_on_the_cpu():
+    from tgl_dist.dist import comm_device
+    assert comm_device() is None                                 # no process group
+    assert run_distributed(_comm_device_worker, 2) == [("cpu", [1.0, 1.0])] * 2

@@ -2,7 +2,7 @@
 from tgl_dist.dist.book import PartitionBook
 from tgl_dist.dist.exchange import (AllToAllV, Pending, Plan, all_gather_v, all_reduce_,
                                     all_reduce_async, all_to_all_v, barrier, broadcast_object,
-                                    fetch_rows, push_rows, world)
+                                    comm_device, fetch_rows, push_rows, world)
 
 __all__ = ["PartitionBook", "Plan", "Pending", "AllToAllV", "fetch_rows", "push_rows", "all_to_all_v",
-           "all_reduce_", "all_reduce_async", "all_gather_v", "broadcast_object", "world", "barrier"]
+           "all_reduce_", "all_reduce_async", "all_gather_v", "broadcast_object", "world", "barrier", "comm_device"]

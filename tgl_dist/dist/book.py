@@ -42,6 +42,17 @@ class PartitionBook:
         self._order = order
         self._starts = starts
         self.counts = counts
+        self._copies: dict = {}   # device -> (owner, local) for ids that live there
+
+    def _tables(self, device: torch.device) -> Tuple[Tensor, Tensor]:
+        """``(owner, local)`` on ``device``: a copy is made once per GPU the ids come from
+        (12 bytes a node), so GPU-resident state routes without host round trips."""
+        if device.type == "cpu":
+            return self.owner, self.local
+        t = self._copies.get(device)
+        if t is None:
+            t = self._copies[device] = (self.owner.to(device), self.local.to(device))
+        return t
 
     def owned_ids(self, rank: int) -> Tensor:
         """Global ids owned by ``rank``, in local-row order, shape ``[n_owned]``."""
@@ -50,11 +61,11 @@ class PartitionBook:
 
     def to_owner(self, global_ids: Tensor) -> Tensor:
         """Owner rank of each id (int64), same shape as ``global_ids``."""
-        return self.owner[global_ids].long()
+        return self._tables(global_ids.device)[0][global_ids].long()
 
     def to_local(self, global_ids: Tensor) -> Tensor:
         """Row of each id inside its owner's tables."""
-        return self.local[global_ids]
+        return self._tables(global_ids.device)[1][global_ids]
 
     def locate(self, global_ids: Tensor) -> Tuple[Tensor, Tensor]:
         """``(owner, local_row)`` of each id."""

@@ -32,6 +32,29 @@ def world(group: Optional[dist.ProcessGroup] = None) -> Tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def comm_device(group=None) -> Optional[torch.device]:
+    """Where ``group``'s collectives take their tensors: the current GPU for an NCCL group,
+    the CPU for a gloo group, ``None`` (wherever the tensor is) for a group with one
+    backend per device type or no process group.
+
+    Every collective here moves its inputs there and its results back to the caller's
+    device, so callers keep their tensors where they compute (CPU sampling ids, GPU
+    memory rows) with either backend; a tensor already on the right device is not copied.
+    """
+    if not dist.is_initialized():
+        return None
+    backend = str(dist.get_backend(group))
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    if backend == "gloo":
+        return torch.device("cpu")
+    return None
+
+
+def _to(t: Tensor, device: Optional[torch.device]) -> Tensor:
+    return t if device is None or t.device == device else t.to(device)
+
+
 def _guard(fn, what: str):
     try:
         return fn()
@@ -46,10 +69,10 @@ def all_to_all_counts(send_counts: Tensor, group=None) -> Tensor:
     _, ws = world(group)
     if ws == 1:
         return send_counts.clone()
-    dev = send_counts.device
-    recv = torch.empty_like(send_counts)
-    _guard(lambda: dist.all_to_all_single(recv, send_counts.to(dev), group=group), "counts")
-    return recv
+    send = _to(send_counts, comm_device(group))
+    recv = torch.empty_like(send)
+    _guard(lambda: dist.all_to_all_single(recv, send, group=group), "counts")
+    return _to(recv, send_counts.device)
 
 
 def all_to_all_v(x: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
@@ -66,12 +89,13 @@ def all_to_all_v(x: Tensor, send_counts: Sequence[int], recv_counts: Sequence[in
     _, ws = world(group)
     if ws == 1:
         return x.clone()
-    x = x.contiguous()
+    home = x.device
+    x = _to(x, comm_device(group)).contiguous()
     out = x.new_empty((int(sum(recv_counts)),) + tuple(x.shape[1:]))
     _guard(lambda: dist.all_to_all_single(out, x, output_split_sizes=list(recv_counts),
                                           input_split_sizes=list(send_counts), group=group),
            "payload")
-    return out
+    return _to(out, home)
 
 
 class Plan:
@@ -162,20 +186,25 @@ class AllToAllV(torch.autograd.Function):
 def all_reduce_(t: Tensor, op=None, group=None) -> Tensor:
     """In-place all-reduce (sum by default); a no-op in a world of one."""
     if world(group)[1] > 1:
-        _guard(lambda: dist.all_reduce(t, op=op or dist.ReduceOp.SUM, group=group), "all_reduce")
+        c = _to(t, comm_device(group))
+        _guard(lambda: dist.all_reduce(c, op=op or dist.ReduceOp.SUM, group=group), "all_reduce")
+        if c is not t:
+            t.copy_(c)
     return t
 
 
 class Pending:
     """An all-reduce in flight (:func:`all_reduce_async`): ``wait()`` returns its tensor."""
 
-    def __init__(self, t: Tensor, work=None) -> None:
-        self.t, self.work = t, work
+    def __init__(self, t: Tensor, work=None, sent: Optional[Tensor] = None) -> None:
+        self.t, self.work, self.sent = t, work, sent
 
     def wait(self) -> Tensor:
         if self.work is not None:
             work, self.work = self.work, None
             _guard(work.wait, "all_reduce")
+            if self.sent is not None and self.sent is not self.t:
+                self.t.copy_(self.sent)
         return self.t
 
 
@@ -189,8 +218,9 @@ def all_reduce_async(t: Tensor, group=None) -> Pending:
     """
     if world(group)[1] == 1:
         return Pending(t)
-    return Pending(t, _guard(lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group,
-                                                     async_op=True), "all_reduce"))
+    c = _to(t, comm_device(group))
+    return Pending(t, _guard(lambda: dist.all_reduce(c, op=dist.ReduceOp.SUM, group=group,
+                                                     async_op=True), "all_reduce"), c)
 
 
 def all_gather_v(x: Tensor, group=None) -> Tensor:
@@ -198,6 +228,8 @@ def all_gather_v(x: Tensor, group=None) -> Tensor:
     _, ws = world(group)
     if ws == 1:
         return x
+    home, dev = x.device, comm_device(group)
+    x = _to(x, dev)
     n = torch.tensor([x.size(0)], dtype=torch.long, device=x.device)
     sizes = [torch.zeros_like(n) for _ in range(ws)]
     _guard(lambda: dist.all_gather(sizes, n, group=group), "all_gather sizes")
@@ -207,7 +239,7 @@ def all_gather_v(x: Tensor, group=None) -> Tensor:
     pad[: x.size(0)] = x
     out = [torch.empty_like(pad) for _ in range(ws)]
     _guard(lambda: dist.all_gather(out, pad, group=group), "all_gather")
-    return torch.cat([o[:s] for o, s in zip(out, sizes)])
+    return _to(torch.cat([o[:s] for o, s in zip(out, sizes)]), home)
 
 
 def broadcast_object(obj, src: int = 0, group=None):
