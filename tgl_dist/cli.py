@@ -31,9 +31,16 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps") -> None:
-    """The options every training script shares: ``--timeout`` and the checkpoint ones
-    (``--checkpoint-dir``, ``--checkpoint-every``, ``--checkpoint-keep-every``,
-    ``--resume``); ``step`` names what ``--checkpoint-every N`` counts."""
+    """The options every training script shares: ``--device``, ``--backend``,
+    ``--timeout`` and the checkpoint ones (``--checkpoint-dir``, ``--checkpoint-every``,
+    ``--checkpoint-keep-every``, ``--resume``); ``step`` names what
+    ``--checkpoint-every N`` counts. :func:`init_context` reads the first three."""
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the model and the node state live: cuda:<local rank> "
+                        "(auto: when CUDA is available) or cpu")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                   help="collective backend between processes (default: nccl on GPUs, "
+                        "gloo on CPUs)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds a collective waits for a peer; a dead or stuck rank makes the "
                         "others fail with PeerFailureError after at most this long")
@@ -62,6 +69,21 @@ def parse_run_arguments(p: argparse.ArgumentParser, argv: Optional[List[str]] = 
     if args.resume and not args.checkpoint_dir:
         p.error("--resume needs --checkpoint-dir")
     return args, every
+
+
+def init_context(args: argparse.Namespace):
+    """``DistributedContext.init`` from :func:`add_run_arguments`' ``--device``,
+    ``--backend`` and ``--timeout``; a combination that cannot work (NCCL on CPUs, CUDA
+    asked for on a machine without it, more processes than GPUs with NCCL) exits with
+    ``error: ...``."""
+    from tgl_dist.context import DistributedContext
+    use_gpu = {"auto": None, "cpu": False, "cuda": True}[args.device]
+    try:
+        return DistributedContext.init(backend=args.backend, use_gpu=use_gpu,
+                                       timeout=args.timeout)
+    except ValueError as e:
+        raise SystemExit(f"error: --device {args.device} --backend {args.backend or 'default'}: "
+                         f"{e}") from None
 
 
 def run_script(main: Callable[..., Any], *args, **kwargs) -> Any:

@@ -51,11 +51,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
-from tgl_dist import DistributedContext  # noqa: E402
 from tgl_dist.checkpoint import (RunCheckpoint, capture,  # noqa: E402
                                  config_dict, partition_identity, restore)
-from tgl_dist.cli import (HelpFormatter, add_run_arguments, parse_run_arguments,  # noqa: E402
-                          run_script)
+from tgl_dist.cli import (HelpFormatter, add_run_arguments, init_context,  # noqa: E402
+                          parse_run_arguments, run_script)
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
 from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
@@ -145,7 +144,7 @@ def main(argv=None) -> dict:
     # the library logs warnings only; this script's own progress lines are INFO
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
-    ctx = DistributedContext.init(timeout=args.timeout)
+    ctx = init_context(args)   # --device, --backend, --timeout
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // ctx.world_size))
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -175,7 +174,7 @@ def main(argv=None) -> dict:
     mailbox = None
     if cfg.has_memory:
         mailbox = SharedMailBox(int(pdata.ids.numel()), cfg.memory, graph.edge_feat_dim,
-                                partition_book=pdata.book)
+                                partition_book=pdata.book, device=ctx.device)
     per_rank = max(1, cfg.train.batch_size // ctx.world_size)
     chunk = None
     if cfg.train.reorder:  # TGL's random chunk scheduling: windows shift by chunks of B / reorder
@@ -193,10 +192,11 @@ def main(argv=None) -> dict:
                                      batch_size=per_rank, train=split == "train", mailbox=mailbox,
                                      chunk_size=chunk if split == "train" else None,
                                      seed=args.seed, queue_size=queue_size,
-                                     group=ctx.new_group())  # with --timeout
+                                     group=ctx.new_group(),  # with --timeout
+                                     device=ctx.device)      # steps handed out there
         for split in ("train", "val", "test")}
     model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim,
-                        num_nodes=graph.num_nodes, partition_book=pdata.book)
+                        num_nodes=graph.num_nodes, partition_book=pdata.book).to(ctx.device)
     broadcast_parameters(model)
     opt = build_optimizer(model, lr=cfg.train.lr)
     stopper = EarlyStopMonitor(patience=cfg.train.patience)
@@ -310,6 +310,9 @@ def main(argv=None) -> dict:
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0],
                        dtype=torch.float64)
     rss_all = all_gather_v(rss)
+    if ctx.device.type == "cuda":
+        gpu = torch.tensor([torch.cuda.max_memory_allocated(ctx.device) / 2**20], dtype=torch.float64)
+        gpu_all = all_gather_v(gpu)
     summary = {"model": cfg.name, "data": folder.name, "world_size": ctx.world_size,
                "epochs": epochs_run, "best_epoch": best["epoch"], "val_ap": best["val_ap"],
                "val_auc": best["val_auc"], "test_ap": best["test_ap"], "test_auc": best["test_auc"],
@@ -318,8 +321,11 @@ def main(argv=None) -> dict:
                "train_events_per_cpu_s": median(cpu_speeds),
                "peak_rss_mib": float(rss_all.max()),
                "peak_rss_mib_per_rank": [round(float(x), 1) for x in rss_all],
+               "device": str(ctx.device), "backend": ctx.backend,
                "batch_size": cfg.train.batch_size, "partition_algo": args.partition_algo,
                "metrics_csv": str(csv_path), "checkpoint_version": ck.last_version}
+    if ctx.device.type == "cuda":
+        summary["peak_gpu_mib_per_rank"] = [round(float(x), 1) for x in gpu_all]
     if writer is not None:
         fh.close()
         clean = {k: (None if isinstance(v, float) and v != v else  # NaN -> null (strict JSON)

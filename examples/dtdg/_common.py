@@ -17,10 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
-from tgl_dist import DistributedContext  # noqa: E402
 from tgl_dist.checkpoint import RunCheckpoint, partition_identity  # noqa: E402
-from tgl_dist.cli import (HelpFormatter, add_run_arguments, parse_run_arguments,  # noqa: E402
-                          run_script)
+from tgl_dist.cli import (HelpFormatter, add_run_arguments, init_context,  # noqa: E402
+                          parse_run_arguments, run_script)
 from tgl_dist.data.registry import default_root  # noqa: E402
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.errors import TGLDistError  # noqa: E402
@@ -135,12 +134,14 @@ def _run(doc: str, task: str, **defaults) -> dict:
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
-    ctx = DistributedContext.init(timeout=args.timeout)
+    ctx = init_context(args)   # --device, --backend, --timeout
     t0 = time.perf_counter()
     graph, info = _prepare(args, ctx, task)
+    graph.to(ctx.device)
     torch.manual_seed(args.seed)
     model = build_model(args, graph, ctx.get_default_group())
     head = build_task(task, graph, args.hidden_dim, **({"seed": args.seed} if task == "link_pred" else {}))
+    model, head = model.to(ctx.device), head.to(ctx.device)
     if args.dtype == "float64":
         model, head = model.double(), head.double()
     splitter = Splitter.from_graph(graph, hist_len=args.hist_len, task=task)
@@ -153,7 +154,7 @@ def _run(doc: str, task: str, **defaults) -> dict:
              "baseline_test_mrr", "dev_ap"] if task == "link_pred"
             else ["test_mse", "baseline_test_mse", "dev_mse"])
     summary = {"model": model.model_name, "data": info["name"], "task": task,
-               "world_size": ctx.world_size, "algo": args.algo, "dtype": args.dtype, "epochs": res["epochs_run"],
+               "world_size": ctx.world_size, "device": str(ctx.device), "algo": args.algo, "dtype": args.dtype, "epochs": res["epochs_run"],
                "best_epoch": res["best_epoch"], "hist_len": args.hist_len, "seed": args.seed,
                **{k: res.get(k, math.nan) for k in keys},
                "snapshots_per_s": res["snapshots_per_s"],

@@ -19,7 +19,8 @@ from ckcompare import checkpoint_diff
 REPO = Path(__file__).resolve().parents[2]
 TGN = REPO / "examples" / "ctdg" / "train_tgn.py"
 TINY = ["--data", "synthetic", "--num-nodes", "50", "--num-events", "1000", "--batch-size", "100",
-        "--eval-neg", "3", "--no-progress", "--threads", "1"]
+        "--eval-neg", "3", "--no-progress", "--threads", "1",
+        "--device", "cpu"]  # the CPU path (tests/gpu covers the GPU one)
 METRICS = ("epochs", "best_epoch", "val_ap", "val_auc", "test_ap", "test_auc", "test_mrr",
            "test_ap_batch_mean")
 
@@ -115,7 +116,8 @@ def test_dtdg_resume_mid_epoch_is_bitwise(tmp_path, script, model):
     args = [sys.executable, str(DTDG / script), "--data", str(data), "--hist-len", "3",
             "--algo", "random", "--hidden-dim", "8", "--model", model, "--lags", "1",
             "--node-embedding", "4",  # a sharded table: its rows and sparse Adam rows resume too
-            "--parts", str(tmp_path / "parts"), "--epochs", "3", "--checkpoint-every", "2"]
+            "--parts", str(tmp_path / "parts"), "--epochs", "3", "--checkpoint-every", "2",
+            "--device", "cpu"]
     full = _run([*args, "--checkpoint-dir", str(tmp_path / "ck")], tmp_path)
     _run([*args, "--checkpoint-dir", str(tmp_path / "part")], tmp_path,
          fault="rank=0,epoch=1,step=3,action=raise", ok=False)

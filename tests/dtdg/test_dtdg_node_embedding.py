@@ -148,7 +148,7 @@ def test_node_regression_example_with_embedding(tmp_path, datasets_root):
     out = subprocess.run([sys.executable, str(script), "--data", "pedalme_london", "--root",
                           str(datasets_root), "--lags", "4", "--hidden-dim", "8",
                           "--node-embedding", "4", "--parts", str(tmp_path / "parts"),
-                          "--epochs", "1"], capture_output=True, text=True, timeout=120,
+                          "--epochs", "1", "--device", "cpu"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads([ln for ln in out.stdout.splitlines() if ln.strip()][-1])

@@ -29,7 +29,8 @@ def _run(script, args, tmp_path, epochs=1, launcher=()):
     """Run an example (``launcher``: e.g. torchrun's module and options) -> its last JSON line."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, *launcher, str(REPO / "examples" / "dtdg" / script), *args,
-                          "--parts", str(tmp_path / "parts"), "--epochs", str(epochs)],
+                          "--parts", str(tmp_path / "parts"), "--epochs", str(epochs),
+                          "--device", "cpu"],  # the CPU path (tests/gpu covers the GPU one)
                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]

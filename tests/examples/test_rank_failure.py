@@ -18,7 +18,8 @@ from tgl_dist.testing import free_port
 REPO = Path(__file__).resolve().parents[2]
 TGN = REPO / "examples" / "ctdg" / "train_tgn.py"
 TINY = ["--data", "synthetic", "--num-nodes", "50", "--num-events", "800", "--batch-size", "100",
-        "--eval-neg", "3", "--no-progress", "--threads", "1", "--epochs", "1"]
+        "--eval-neg", "3", "--no-progress", "--threads", "1", "--epochs", "1",
+        "--device", "cpu"]  # the CPU path (tests/gpu covers the GPU one)
 
 
 @pytest.mark.slow

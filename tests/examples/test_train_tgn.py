@@ -13,7 +13,8 @@ SCRIPT = REPO / "examples" / "ctdg" / "train_tgn.py"
 KEYS = {"model", "data", "world_size", "epochs", "val_ap", "test_ap", "test_auc", "test_mrr",
         "train_events_per_s", "peak_rss_mib"}
 TINY = ["--num-nodes", "60", "--num-events", "1500", "--batch-size", "100", "--eval-neg", "3",
-        "--epochs", "1", "--no-progress", "--threads", "1"]
+        "--epochs", "1", "--no-progress", "--threads", "1",
+        "--device", "cpu"]  # the CPU path (tests/gpu covers the GPU one)
 
 
 def _run(cmd, tmp_path):

@@ -312,7 +312,7 @@ def test_train_tgn_example_with_embedding_two_processes(tmp_path):
            str(repo / "examples" / "ctdg" / "train_tgn.py"), "--config", str(EMB_CONFIG),
            "--partition-algo", "hash", "--parts", str(tmp_path / "parts"), "--num-nodes", "60",
            "--num-events", "1500", "--batch-size", "100", "--eval-neg", "3", "--epochs", "1",
-           "--no-progress", "--threads", "1"]
+           "--no-progress", "--threads", "1", "--device", "cpu"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -68,6 +68,15 @@ def new_group():
     return DistributedContext.init().new_group()
 
 
+def _step_to(step: Step, device: torch.device) -> Step:
+    """A step with every tensor on ``device`` (blocks, roots, metadata)."""
+    roots, mfgs, meta, t = step
+    mv = lambda v: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v  # noqa: E731
+    roots = Roots(*(mv(getattr(roots, k)) for k in ("nodes", "ts", "eids", "src", "dst", "t")),
+                  {k: mv(v) for k, v in roots.extra.items()})
+    return roots, [b.to(device) for b in mfgs], {k: mv(v) for k, v in meta.items()}, t
+
+
 def _global_unique(x: Tensor, group) -> Tensor:
     return torch.unique(all_gather_v(torch.unique(x), group))
 
@@ -100,6 +109,10 @@ class DistributedDataLoader:
         mailbox: object with ``prepare_input(mfgs)`` (filled by the memory module) or None.
         seed: seeds chunk offsets and shuffling.
         group: process group of the background collectives (default: a new one).
+        device: where the steps are handed out (``None``: where they were built, the
+            CPU). Sampling and feature fetches run on the CPU, in the background thread
+            when ``queue_size > 0``; each step is copied to ``device`` when it is handed
+            out, just before the mailbox attaches memory (which then lives there too).
     """
 
     def __init__(self, graph: DistributedGraphStore, data: Union[EventSet, str],
@@ -108,7 +121,7 @@ class DistributedDataLoader:
                  neg_sampler: Optional[NegativeSampling] = None, batch_size: int = 600,
                  shuffle: bool = False, drop_last: bool = False, chunk_size: Optional[int] = None,
                  train: bool = True, queue_size: int = 4, mailbox: Any = None, seed: int = 0,
-                 group: Any = "new") -> None:
+                 group: Any = "new", device: Union[None, str, torch.device] = None) -> None:
         if isinstance(data, str):
             data = graph.split_events(data)
         if not isinstance(data, EventSet):
@@ -132,6 +145,7 @@ class DistributedDataLoader:
         self.chunk_size = int(chunk_size) if chunk_size else None
         self.queue_size = int(queue_size or 0)
         self.mailbox = mailbox
+        self.device = None if device is None else torch.device(device)
         self.seed = int(seed)
         self.rank, self.world_size = world()
         self.group = new_group() if group == "new" else group
@@ -318,6 +332,8 @@ class DistributedDataLoader:
             self._thread = None
 
     def _hand_out(self, step: Step) -> Step:
+        if self.device is not None:
+            step = _step_to(step, self.device)
         if self.mailbox is not None:
             self.mailbox.prepare_input(step[1])
         return step
