@@ -1,5 +1,7 @@
 """``run_distributed``: run ``fn(*args)`` on ``world_size`` spawned processes with gloo.
 
+The processes see no GPU unless ``env`` names some in ``CUDA_VISIBLE_DEVICES``.
+
 Each process gets torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``), so the code under test calls
 ``DistributedContext.init()`` exactly as it would under torchrun. Return values
@@ -59,10 +61,23 @@ def run_distributed(fn: Callable, world_size: int = 2, *args: Any, timeout: floa
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env or {}),
+    env = dict(env or {})
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, env),
                          daemon=False) for r in range(world_size)]
-    for p in procs:
-        p.start()
+    # gloo on CPUs, also on a GPU machine (where DistributedContext.init() would pick NCCL
+    # and a GPU per rank): the children start with no GPU visible unless ``env`` names
+    # some. Set in their environment from the start, not in _worker: unpickling ``fn``
+    # imports its module, and an import (torch_geometric's) may ask CUDA before _worker runs.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
     results: dict = {}
     errors = []
     import queue as _q
