@@ -26,9 +26,19 @@ def _inputs(M, d, scale, seed=0):
     return dt, w, b
 
 
+def _z(dt, w, b):
+    """``z = dt w + b`` in float32 as the kernel rounds it: the product, then the sum.
+
+    Not ``torch.addmm``: whether its product and sum are rounded once (one FMA) or twice
+    depends on the CPU and the BLAS (twice with torch 2.13 on an AMD EPYC; once with
+    torch 2.11 on the H100 machine's CPU, where this test then saw the cosines of z one
+    unit apart, 6e-5 at z ~ 1e3). Two elementwise ops round twice everywhere."""
+    return dt.view(-1, 1) * w.view(1, -1) + b
+
+
 def _reference(dt, w, b):
-    """cos of z rounded as torch's addmm(b, dt, w^T) rounds it, evaluated in float64."""
-    z = torch.addmm(b, dt.view(-1, 1), w.view(1, -1))     # float32, like the layer's input
+    """cos of the kernel's float32 z, evaluated in float64."""
+    z = _z(dt, w, b)
     return torch.cos(z.double()), z
 
 
@@ -56,7 +66,7 @@ def test_time_encoding_gradients_match_float64_reference(scale, d):
     dt32, w32, b32 = (t.clone().requires_grad_() for t in (dt, w, b))
     g = torch.randn(400, d, dtype=torch.float64)
     # the reference takes the sine at the same float32 z as the kernel
-    z = torch.addmm(b, dt.view(-1, 1), w.view(1, -1)).double()
+    z = _z(dt, w, b).double()
     gz = -g * torch.sin(z)
     ref = {"dt": (gz * w64.detach()).sum(1), "w": (gz * dt64.detach().unsqueeze(1)).sum(0),
            "b": gz.sum(0)}
@@ -72,7 +82,7 @@ def test_time_encoding_keeps_the_sine_only_when_a_gradient_is_wanted():
     wg = w.clone().requires_grad_()
     out = CosineTimeEncoding.apply(dt, wg, b, LIB)
     sinz = out.grad_fn.saved_tensors[2]
-    z = torch.addmm(b, dt.view(-1, 1), w.view(1, -1)).double()
+    z = _z(dt, w, b).double()
     assert (sinz.double() - torch.sin(z)).abs().max() <= 1e-7
     with torch.no_grad():
         assert torch.equal(CosineTimeEncoding.apply(dt, wg, b, LIB), out.detach())
@@ -109,7 +119,13 @@ def test_time_encode_module_kernel_equals_torch_formula():
     (out * torch.arange(20.0)).sum().backward()
     gw, gb = enc.w.weight.grad.clone(), enc.w.bias.grad.clone()
     enc.zero_grad()
-    ref = torch.cos(enc.w(dt.reshape(-1, 1).float())).reshape(3, 50, 20)  # torch's own path
+    with torch.no_grad():   # torch's Linear (addmm): up to one unit of z apart where it
+        z = enc.w(dt.reshape(-1, 1).float())     # rounds once (one FMA), the kernel twice
+        ulp = (torch.nextafter(z.abs(), torch.tensor(float("inf"))) - z.abs()).reshape(3, 50, 20)
+        assert ((out - torch.cos(z).reshape(3, 50, 20)).abs() - ulp).max() <= 1.2e-7
+    # torch's formula with the kernel's rounding of z (elementwise), through autograd
+    z = _z(dt.reshape(-1), enc.w.weight.view(-1), enc.w.bias)
+    ref = torch.cos(z).reshape(3, 50, 20)
     (ref * torch.arange(20.0)).sum().backward()
     assert (out - ref).abs().max() <= 1.2e-7
     assert torch.allclose(gw, enc.w.weight.grad, rtol=1e-4, atol=1e-3)

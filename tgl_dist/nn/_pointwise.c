@@ -45,7 +45,8 @@ static const double PIO2_1 = 1.570796012878418;
 static const double PIO2_2 = 3.139164786504813e-07;
 static const double ROUND = 6755399441055744.0;          /* 1.5 * 2^52: x + R - R = rint(x) */
 
-/* z = dt * w + b rounded as torch's addmm rounds it: the float product, then the float
+/* z = dt * w + b rounded as torch's elementwise ops round it (torch's addmm too on some CPUs;
+ * others fuse it into one FMA, at most one unit of z away): the float product, then the float
  * sum (the double sum of two floats rounded once to float: the same value; and no
  * compiler fuses a float product with a double sum into one FMA) */
 static inline float affine(float t, float w, float b) {
