@@ -56,7 +56,8 @@ train: [{epoch: 1, batch_size: 200, lr: 0.0001, dropout: 0.1, att_dropout: 0.1}]
 
 
 def run_pyg(args) -> dict:
-    """PyG's examples/tgn.py, unchanged in substance (no CUDA, our dataset loader)."""
+    """PyG's examples/tgn.py, unchanged in substance (our dataset loader; ``--device``
+    as the example's ``device``)."""
     import torch
     from sklearn.metrics import average_precision_score, roc_auc_score
     from torch.nn import Linear
@@ -74,12 +75,13 @@ def run_pyg(args) -> dict:
     # PyG's TGNMemory cannot store empty (0-wide) raw messages: a feature-free stream
     # gets one all-zero column (PyG side only; negligible work)
     msg = g.edge_attr if g.edge_attr is not None else torch.zeros(g.num_events, 1)
-    data = TemporalData(src=g.src, dst=g.dst, t=g.t.long(), msg=msg)
+    device = torch.device(args.device)
+    data = TemporalData(src=g.src, dst=g.dst, t=g.t.long(), msg=msg).to(device)
     train_data, val_data, test_data = data.train_val_test_split(val_ratio=0.15, test_ratio=0.15)
     train_loader = TemporalDataLoader(train_data, batch_size=200, neg_sampling_ratio=1.0)
     val_loader = TemporalDataLoader(val_data, batch_size=200, neg_sampling_ratio=1.0)
     test_loader = TemporalDataLoader(test_data, batch_size=200, neg_sampling_ratio=1.0)
-    neighbor_loader = LastNeighborLoader(data.num_nodes, size=10)
+    neighbor_loader = LastNeighborLoader(data.num_nodes, size=10, device=device)
 
     class GraphAttentionEmbedding(torch.nn.Module):
         def __init__(self, in_channels, out_channels, msg_dim, time_enc):
@@ -108,13 +110,13 @@ def run_pyg(args) -> dict:
     dim = 100
     memory = TGNMemory(data.num_nodes, data.msg.size(-1), dim, dim,
                        message_module=IdentityMessage(data.msg.size(-1), dim, dim),
-                       aggregator_module=LastAggregator())
-    gnn = GraphAttentionEmbedding(dim, dim, data.msg.size(-1), memory.time_enc)
-    link_pred = LinkPredictor(dim)
+                       aggregator_module=LastAggregator()).to(device)
+    gnn = GraphAttentionEmbedding(dim, dim, data.msg.size(-1), memory.time_enc).to(device)
+    link_pred = LinkPredictor(dim).to(device)
     optimizer = torch.optim.Adam(set(memory.parameters()) | set(gnn.parameters())
                                  | set(link_pred.parameters()), lr=0.0001)
     criterion = torch.nn.BCEWithLogitsLoss()
-    assoc = torch.empty(data.num_nodes, dtype=torch.long)
+    assoc = torch.empty(data.num_nodes, dtype=torch.long, device=device)
 
     def train():
         memory.train(); gnn.train(); link_pred.train()  # noqa: E702
@@ -123,7 +125,7 @@ def run_pyg(args) -> dict:
         for batch in train_loader:
             optimizer.zero_grad()
             n_id, edge_index, e_id = neighbor_loader(batch.n_id)
-            assoc[n_id] = torch.arange(n_id.size(0))
+            assoc[n_id] = torch.arange(n_id.size(0), device=device)
             z, last_update = memory(n_id)
             z = gnn(z, last_update, edge_index, data.t[e_id], data.msg[e_id])
             pos_out = link_pred(z[assoc[batch.src]], z[assoc[batch.dst]])
@@ -143,16 +145,16 @@ def run_pyg(args) -> dict:
         aps, pos_all, neg_all = [], [], []
         for batch in loader:
             n_id, edge_index, e_id = neighbor_loader(batch.n_id)
-            assoc[n_id] = torch.arange(n_id.size(0))
+            assoc[n_id] = torch.arange(n_id.size(0), device=device)
             z, last_update = memory(n_id)
             z = gnn(z, last_update, edge_index, data.t[e_id], data.msg[e_id])
             pos_out = link_pred(z[assoc[batch.src]], z[assoc[batch.dst]]).view(-1)
             neg_out = link_pred(z[assoc[batch.src]], z[assoc[batch.neg_dst]]).view(-1)
-            y_pred = torch.cat([pos_out, neg_out]).sigmoid()
+            y_pred = torch.cat([pos_out, neg_out]).sigmoid().cpu()
             y_true = torch.cat([torch.ones(pos_out.size(0)), torch.zeros(neg_out.size(0))])
             aps.append(average_precision_score(y_true, y_pred))
-            pos_all.append(pos_out)
-            neg_all.append(neg_out)
+            pos_all.append(pos_out.cpu())
+            neg_all.append(neg_out.cpu())
             memory.update_state(batch.src, batch.dst, batch.t, batch.msg)
             neighbor_loader.insert(batch.src, batch.dst)
         p, n = torch.cat(pos_all), torch.cat(neg_all)
@@ -165,6 +167,8 @@ def run_pyg(args) -> dict:
     for _ in range(args.epochs):
         t0, c0 = time.perf_counter(), time.process_time()
         train()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         speeds.append(train_data.num_events / (time.perf_counter() - t0))
         cpu_speeds.append(train_data.num_events / (time.process_time() - c0))
         val = test(val_loader)
@@ -172,7 +176,9 @@ def run_pyg(args) -> dict:
     return {"impl": "pyg", "events_per_s": sorted(speeds)[len(speeds) // 2],
             "events_per_cpu_s": sorted(cpu_speeds)[len(cpu_speeds) // 2], "val_ap": val[0],
             "test_ap": tst[0], "test_auc": tst[1], "test_ap_batch_mean": tst[2],
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "peak_gpu_mib": (torch.cuda.max_memory_allocated() / 2**20
+                             if device.type == "cuda" else None)}
 
 
 def _median_run(runs: list) -> dict:
@@ -216,7 +222,7 @@ def run_ours(args, nproc: int, threads: int, seed: int) -> dict:
             "--epochs", str(args.epochs), "--patience", str(args.epochs + 1), "--eval-neg", "1",
             "--parts", args.parts, "--partition-algo", args.partition_algo, "--threads",
             str(threads), "--seed", str(seed), "--no-progress",
-            "--metrics-csv", str(cfg.parent / f"metrics_{nproc}.csv")]
+            "--metrics-csv", str(cfg.parent / f"metrics_{nproc}.csv"), "--device", args.device]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
@@ -225,7 +231,8 @@ def run_ours(args, nproc: int, threads: int, seed: int) -> dict:
     return {"impl": f"ours_{nproc}proc", "events_per_s": out["train_events_per_s"],
             "events_per_cpu_s": out["train_events_per_cpu_s"],
             "val_ap": out["val_ap"], "test_ap": out["test_ap"], "test_auc": out["test_auc"],
-            "peak_rss_mib_per_rank": out["peak_rss_mib_per_rank"]}
+            "peak_rss_mib_per_rank": out["peak_rss_mib_per_rank"],
+            "peak_gpu_mib_per_rank": out.get("peak_gpu_mib_per_rank")}
 
 
 def main() -> None:
@@ -242,6 +249,9 @@ def main() -> None:
     ap.add_argument("--skip-2proc", action="store_true")
     ap.add_argument("--edge-dim", type=int, default=0,
                     help="give every event this many random edge features (both sides)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="both sides on this device (the issue's target is on the CPU; with "
+                         "cuda the 2-process run is skipped: one GPU per process)")
     ap.add_argument("--impl", choices=["pyg"], help=argparse.SUPPRESS)  # internal: one side only
     args = ap.parse_args()
     if args.impl == "pyg":
@@ -256,7 +266,8 @@ def main() -> None:
     for r in range(args.repeats):
         p = subprocess.run([sys.executable, __file__, "--impl", "pyg", "--data", args.data,
                             "--root", args.root, "--epochs", str(args.epochs), "--threads",
-                            str(args.threads), "--seed", str(args.seed + r)], capture_output=True,
+                            str(args.threads), "--seed", str(args.seed + r),
+                            "--device", args.device], capture_output=True,
                            text=True, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
         if p.returncode != 0:
             raise SystemExit(f"PyG run failed:\n{p.stderr[-3000:]}")
@@ -273,12 +284,13 @@ def main() -> None:
     print(f"ours 1p  : {ours['events_per_s']:8.0f} events/s ({ours['events_per_cpu_s']:.0f} per CPU s)  test AP {ours['test_ap']:.4f}  "
           f"peak RSS per rank {ours['peak_rss_mib_per_rank']} MiB", flush=True)
     ours2 = None
-    if not args.skip_2proc:
+    if not args.skip_2proc and args.device == "cpu":
         ours2 = run_ours(args, 2, max(1, args.threads // 2), args.seed)
         print(f"ours 2p  : {ours2['events_per_s']:8.0f} events/s  test AP {ours2['test_ap']:.4f}  "
               f"peak RSS per rank {ours2['peak_rss_mib_per_rank']} MiB", flush=True)
     res = {"data": Path(args.data).name if args.edge_dim else args.data,
            "edge_dim": args.edge_dim, "epochs": args.epochs, "threads": args.threads,
+           "device": args.device,
            "repeats": args.repeats, "config": "time_delta: mail, att_variant: tgl",
            "ours_events_per_s": round(ours["events_per_s"], 1),
            "pyg_events_per_s": round(pyg["events_per_s"], 1),
@@ -291,6 +303,9 @@ def main() -> None:
            "pyg_test_ap_batch_mean": round(pyg["test_ap_batch_mean"], 4),
            "ours_peak_rss_mib_1proc": ours["peak_rss_mib_per_rank"],
            "pyg_peak_rss_mib": round(pyg["peak_rss_mib"], 1)}
+    if args.device == "cuda":
+        res.update(ours_peak_gpu_mib=ours["peak_gpu_mib_per_rank"],
+                   pyg_peak_gpu_mib=round(pyg["peak_gpu_mib"], 1))
     if ours2 is not None:
         res.update(ours_2proc_events_per_s=round(ours2["events_per_s"], 1),
                    ours_2proc_test_ap=round(ours2["test_ap"], 4),
