@@ -111,6 +111,20 @@ def _gpu_of(local_rank: int, backend: str) -> int:
     return local_rank % n
 
 
+DEFAULT_TIMEOUT = 600.0   # seconds a collective waits for a peer (DistributedContext.init)
+
+
+def new_group(timeout: Optional[datetime.timedelta] = None) -> Optional[dist.ProcessGroup]:
+    """A new process group over all ranks with the world's backend (collective: every
+    rank must call it); ``None`` in a world of one. Default ``timeout``:
+    ``DEFAULT_TIMEOUT``. :meth:`DistributedContext.new_group` passes the context's; this
+    form needs no context (so it picks no device, unlike ``DistributedContext.init()``)."""
+    if not dist.is_initialized():
+        return None
+    td = timeout or datetime.timedelta(seconds=DEFAULT_TIMEOUT)
+    return dist.new_group(backend=dist.get_backend(), timeout=td)
+
+
 class DistributedContext:
     """The calling process's place in the distributed job.
 
@@ -138,7 +152,7 @@ class DistributedContext:
     # ------------------------------------------------------------------ setup
     @classmethod
     def init(cls, backend: Optional[str] = None, use_gpu: Optional[bool] = None,
-             timeout: float = 600.0) -> "DistributedContext":
+             timeout: float = DEFAULT_TIMEOUT) -> "DistributedContext":
         """Initialise (or join) the process group described by torchrun's environment.
 
         When a default process group already exists (made by the caller, or by an
@@ -218,9 +232,7 @@ class DistributedContext:
         The data loader's background sampling uses one, so its collectives never
         interleave with the training loop's. ``None`` in a world of one.
         """
-        if not dist.is_initialized():
-            return None
-        return dist.new_group(backend=dist.get_backend(), timeout=self.timeout)
+        return new_group(self.timeout)
 
     def barrier(self) -> None:
         """Wait for every rank; a dead or stuck peer raises :class:`PeerFailureError`

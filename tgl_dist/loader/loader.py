@@ -62,10 +62,8 @@ def new_group():
     Collective: every rank must call it (the loaders of a run must be built in the
     same order on every rank).
     """
-    if world()[1] == 1:
-        return None
-    from tgl_dist.context import DistributedContext
-    return DistributedContext.init().new_group()
+    from tgl_dist.context import new_group as _new_group   # no context: it would pick a GPU
+    return _new_group()
 
 
 def _step_to(step: Step, device: torch.device) -> Step:
