@@ -185,31 +185,29 @@ class AllToAllV(torch.autograd.Function):
 
 def all_reduce_(t: Tensor, op=None, group=None) -> Tensor:
     """In-place all-reduce (sum by default); a no-op in a world of one."""
-    if world(group)[1] > 1:
-        c = _to(t, comm_device(group))
-        _guard(lambda: dist.all_reduce(c, op=op or dist.ReduceOp.SUM, group=group), "all_reduce")
-        if c is not t:
-            t.copy_(c)
-    return t
+    return all_reduce_async(t, group, op).wait()
 
 
 class Pending:
-    """An all-reduce in flight (:func:`all_reduce_async`): ``wait()`` returns its tensor."""
+    """An all-reduce in flight (:func:`all_reduce_async`): ``wait()`` returns its tensor.
+
+    ``sent`` is the tensor handed to the backend: ``t`` itself, or its copy on the
+    group's device, copied back into ``t`` by ``wait()``."""
 
     def __init__(self, t: Tensor, work=None, sent: Optional[Tensor] = None) -> None:
-        self.t, self.work, self.sent = t, work, sent
+        self.t, self.work, self.sent = t, work, t if sent is None else sent
 
     def wait(self) -> Tensor:
         if self.work is not None:
             work, self.work = self.work, None
             _guard(work.wait, "all_reduce")
-            if self.sent is not None and self.sent is not self.t:
+            if self.sent is not self.t:
                 self.t.copy_(self.sent)
         return self.t
 
 
-def all_reduce_async(t: Tensor, group=None) -> Pending:
-    """Start an in-place sum all-reduce of ``t`` and return at once (collective).
+def all_reduce_async(t: Tensor, group=None, op=None) -> Pending:
+    """Start an in-place all-reduce of ``t`` (sum by default) and return at once (collective).
 
     Other collectives may run on ``group`` before ``wait()``: on gloo they proceed while
     this one is in flight (its worker threads take the queued operations in turn), on
@@ -219,7 +217,7 @@ def all_reduce_async(t: Tensor, group=None) -> Pending:
     if world(group)[1] == 1:
         return Pending(t)
     c = _to(t, comm_device(group))
-    return Pending(t, _guard(lambda: dist.all_reduce(c, op=dist.ReduceOp.SUM, group=group,
+    return Pending(t, _guard(lambda: dist.all_reduce(c, op=op or dist.ReduceOp.SUM, group=group,
                                                      async_op=True), "all_reduce"), c)
 
 
@@ -228,8 +226,8 @@ def all_gather_v(x: Tensor, group=None) -> Tensor:
     _, ws = world(group)
     if ws == 1:
         return x
-    home, dev = x.device, comm_device(group)
-    x = _to(x, dev)
+    home = x.device
+    x = _to(x, comm_device(group))
     n = torch.tensor([x.size(0)], dtype=torch.long, device=x.device)
     sizes = [torch.zeros_like(n) for _ in range(ws)]
     _guard(lambda: dist.all_gather(sizes, n, group=group), "all_gather sizes")
