@@ -9,6 +9,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from tgl_dist.checkpoint.manager import CheckpointError
 from tgl_dist.checkpoint.recovery import Every
+from tgl_dist.context import DEFAULT_TIMEOUT
 from tgl_dist.errors import PeerFailureError, TGLDistError
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps") 
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="collective backend between processes (default: nccl on GPUs, "
                         "gloo on CPUs)")
-    p.add_argument("--timeout", type=float, default=600.0,
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds a collective waits for a peer; a dead or stuck rank makes the "
                         "others fail with PeerFailureError after at most this long")
     p.add_argument("--checkpoint-dir", default=None, help="write versioned checkpoints here")

@@ -310,9 +310,6 @@ def main(argv=None) -> dict:
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0],
                        dtype=torch.float64)
     rss_all = all_gather_v(rss)
-    if ctx.device.type == "cuda":
-        gpu = torch.tensor([torch.cuda.max_memory_allocated(ctx.device) / 2**20], dtype=torch.float64)
-        gpu_all = all_gather_v(gpu)
     summary = {"model": cfg.name, "data": folder.name, "world_size": ctx.world_size,
                "epochs": epochs_run, "best_epoch": best["epoch"], "val_ap": best["val_ap"],
                "val_auc": best["val_auc"], "test_ap": best["test_ap"], "test_auc": best["test_auc"],
@@ -325,7 +322,8 @@ def main(argv=None) -> dict:
                "batch_size": cfg.train.batch_size, "partition_algo": args.partition_algo,
                "metrics_csv": str(csv_path), "checkpoint_version": ck.last_version}
     if ctx.device.type == "cuda":
-        summary["peak_gpu_mib_per_rank"] = [round(float(x), 1) for x in gpu_all]
+        gpu = torch.tensor([torch.cuda.max_memory_allocated(ctx.device) / 2**20], dtype=torch.float64)
+        summary["peak_gpu_mib_per_rank"] = [round(float(x), 1) for x in all_gather_v(gpu)]
     if writer is not None:
         fh.close()
         clean = {k: (None if isinstance(v, float) and v != v else  # NaN -> null (strict JSON)
