@@ -141,13 +141,15 @@ def _metrics(a, b):
 
 
 def _same(cpu, gpu, tol=1e-4):
-    (gc, mc), (gg, mg) = cpu[:2], gpu[:2]
+    """``cpu`` and ``gpu``: the :func:`_pipeline` outputs of each rank of two runs (the
+    gradients and metrics are every rank's; the owned state is merged over the ranks)."""
+    (gc, mc), (gg, mg) = cpu[0][:2], gpu[0][:2]
     assert len(gc) == len(gg) > 0
     for a, b in zip(gc, gg):   # relative to the gradient's scale (time-encoding ones are large)
         assert (a - b).abs().max() <= tol * max(1.0, float(a.abs().max())), (a, b)
     _metrics(mc, mg)
-    if cpu[2] is not None:
-        (mem_c, ts_c, mail_c, mts_c), (mem_g, ts_g, mail_g, mts_g) = _merge([cpu]), _merge([gpu])
+    if cpu[0][2] is not None:
+        (mem_c, ts_c, mail_c, mts_c), (mem_g, ts_g, mail_g, mts_g) = _merge(cpu), _merge(gpu)
         assert float(mem_c.abs().max()) > 0                       # the pass wrote memory
         assert torch.equal(ts_c, ts_g) and torch.equal(mts_c, mts_g)
         assert (mem_c - mem_g).abs().max() < tol and (mail_c - mail_g).abs().max() < tol
@@ -158,7 +160,7 @@ def _same(cpu, gpu, tol=1e-4):
 def test_pipeline_on_gpu_computes_what_cpu_does(tmp_path, name):
     cpu = _pipeline(name, "cpu", str(tmp_path / "p"))
     gpu = _pipeline(name, "cuda", str(tmp_path / "p"))
-    _same(cpu, gpu)
+    _same([cpu], [gpu])
 
 
 @pytest.mark.slow
@@ -171,14 +173,7 @@ def test_two_ranks_on_gpu_compute_what_one_cpu_process_does(tmp_path, name):
     two = run_distributed(_pipeline, 2, name, "cuda", str(tmp_path / "p2"),
                           env={"CUDA_VISIBLE_DEVICES": "0"}, timeout=300)
     assert two[0][1] == two[1][1]                                 # every rank: the whole split
-    (gc, mc), (gg, mg) = one[:2], two[0][:2]
-    for a, b in zip(gc, gg):
-        assert (a - b).abs().max() <= 1e-4 * max(1.0, float(a.abs().max()))
-    _metrics(mc, mg)
-    mem_1, ts_1, mail_1, mts_1 = _merge([one])
-    mem_2, ts_2, mail_2, mts_2 = _merge(two)
-    assert torch.equal(ts_1, ts_2) and torch.equal(mts_1, mts_2)
-    assert (mem_1 - mem_2).abs().max() < 1e-4 and (mail_1 - mail_2).abs().max() < 1e-4
+    _same([one], two)
 
 
 # ------------------------------------------------------------------------ examples
