@@ -148,10 +148,11 @@ def test_unique_first_kernel_equals_torch_sort(case):
     assert bool((keys[first][1:] > keys[first][:-1]).all())
 
 
-@pytest.mark.parametrize("k", [1, 3, 0])
-def test_predictor_score_is_one_node_with_forward_values_and_gradients(k):
+@pytest.mark.parametrize("k,own_src", [(1, False), (3, False), (0, False), (1, True), (3, True)])
+def test_predictor_score_is_one_node_with_forward_values_and_gradients(k, own_src):
     """``EdgePredictor.score`` (one autograd node) gives ``forward``'s logits and the same
-    gradients for the embedding table and every parameter, in float64; rows repeat."""
+    gradients for the embedding table and every parameter, in float64; rows repeat;
+    negatives with their own sources (historical / inductive pairs) too."""
     from tgl_dist.nn import EdgePredictor
     from tgl_dist.nn.predictor import ScoreRows
     torch.manual_seed(0)
@@ -160,13 +161,14 @@ def test_predictor_score_is_one_node_with_forward_values_and_gradients(k):
     emb = torch.randn(R, 6, dtype=torch.float64, requires_grad=True)
     src, pos = torch.randint(0, R, (B,)), torch.randint(0, R, (B,))
     neg = torch.randint(0, R, (k * B,))
+    neg_src = torch.randint(0, R, (k * B,)) if own_src else None
     g_pos, g_neg = torch.randn(B, dtype=torch.float64), torch.randn(k * B, dtype=torch.float64)
     res = []
     for fused in (True, False):
         pred.zero_grad()
         emb.grad = None
-        out = (pred.score(emb, src, pos, neg) if fused else
-               pred(emb[src], emb[pos], emb[neg]))
+        out = (pred.score(emb, src, pos, neg, neg_src) if fused else
+               pred(emb[src], emb[pos], emb[neg], None if neg_src is None else emb[neg_src]))
         if fused:
             assert type(out[0].grad_fn.next_functions[0][0]).__name__ == ScoreRows.__name__ + "Backward"
         ((out[0] * g_pos).sum() + (out[1] * g_neg).sum()).backward()
@@ -174,3 +176,7 @@ def test_predictor_score_is_one_node_with_forward_values_and_gradients(k):
                    + [p.grad.clone() for p in pred.parameters()])
     for a, b in zip(*res):
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-12), (a, b)
+    if own_src:  # and the negatives are scored against their own sources
+        h = emb.detach()
+        exp = pred.out_fc(torch.relu(pred.src_fc(h[neg_src]) + pred.dst_fc(h[neg]))).view(-1)
+        assert torch.allclose(res[0][1], exp, atol=1e-12)

@@ -49,6 +49,7 @@ def test_shipped_configs_match_tgl_values():
     ({"train": {"patience": 0}}, "train.patience"),
 ])
 def test_config_errors_name_the_field(raw, path):
+    raw = {**{k: {} for k in ("sampling", "memory", "gnn", "train")}, **raw}  # all required
     with pytest.raises(ConfigError) as e:
         parse_config(raw, source="x.yml")
     assert e.value.field_path == path and str(e.value).startswith(f"x.yml: {path}:")
@@ -152,6 +153,33 @@ def test_k_negatives_layout():
     j, i = 2, 4  # the j-th negative of positive i sits at row j*B + i
     exp = p.out_fc(torch.relu(p.src_fc(emb[i]) + p.dst_fc(emb[meta["dst_neg_index"][j * 5 + i]])))
     assert torch.allclose(neg[j * 5 + i], exp.squeeze(), atol=1e-5)
+
+
+def test_drawn_negative_pairs_are_scored_against_their_own_sources():
+    """Historical / inductive negatives are (src, dst) pairs: ``src_neg_index`` points at
+    the drawn sources' rows, and each negative is scored against its own source (as
+    DyGLib), not against its positive's source; random negatives (``src_neg_index`` =
+    the positives' sources repeated) keep the positive's source."""
+    cfg = load_config(CONFIGS / "TGN.yml")
+    model = build_model(cfg).eval()
+    roots, mfgs, meta = make_batch(5, 30, [10], k_neg=3, seed=2)
+    mb = SharedMailBox(30, cfg.memory, 0)
+    mb.prepare_input(mfgs)
+    B = 5
+    emb, _, _ = model.embed(mfgs)
+    p = model.predictor
+    meta = dict(meta, src_neg_index=meta["src_pos_index"].repeat(3))
+    _, neg_random = model(mfgs, meta)
+    # pretend the first positive's source and the destinations were drawn as sources
+    drawn = torch.randint(0, 3 * B, (3 * B,), generator=torch.Generator().manual_seed(0))
+    meta = dict(meta, src_neg_index=drawn)
+    _, neg = model(mfgs, meta)
+    exp = p.out_fc(torch.relu(p.src_fc(emb[drawn]) + p.dst_fc(emb[meta["dst_neg_index"]])))
+    assert torch.allclose(neg, exp.view(-1), atol=1e-5)
+    exp_r = p.out_fc(torch.relu(p.src_fc(emb[meta["src_pos_index"].repeat(3)])
+                                + p.dst_fc(emb[meta["dst_neg_index"]])))
+    assert torch.allclose(neg_random, exp_r.view(-1), atol=1e-5)
+    assert not torch.allclose(neg, neg_random, atol=1e-3)
 
 
 def _grad_worker():

@@ -188,12 +188,19 @@ class TemporalLinkModel(nn.Module):
         Args:
             mfgs: blocks, input layer first (memory attached to ``mfgs[0]`` by the mailbox).
             metadata: ``'src_pos_index' [B]``, ``'dst_pos_index' [B]``, ``'dst_neg_index'
-                [k*B]`` root rows (negatives negative-major).
+                [k*B]`` root rows (negatives negative-major) and, optionally,
+                ``'src_neg_index' [k*B]``: the negatives' sources (drawn pairs of
+                historical / inductive sampling; absent or the positives' sources repeated
+                for random negatives).
         Returns:
             :class:`LinkPredOutput` ``(pos [B], neg [k*B])`` logits.
         """
         emb, mem, gnn_emb = self.embed(mfgs)
-        pos, neg = self.predictor.score(emb, metadata["src_pos_index"],
-                                        metadata["dst_pos_index"], metadata["dst_neg_index"])
+        src, neg = metadata["src_pos_index"], metadata["dst_neg_index"]
+        neg_src = metadata.get("src_neg_index")
+        if neg_src is not None and src.numel() and neg.numel() % src.numel() == 0 and \
+                torch.equal(neg_src, src.repeat(neg.numel() // src.numel())):
+            neg_src = None  # random negatives: each is scored against its positive's source
+        pos, neg = self.predictor.score(emb, src, metadata["dst_pos_index"], neg, neg_src)
         return LinkPredOutput(pos, neg, None if mem is None else mem.detach(),
                               gnn_emb.detach(), self.mail_uses_embedding)

@@ -11,7 +11,7 @@ TGN's sizes (600 rows of 100).
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -24,10 +24,12 @@ class EdgePredictor(nn.Module):
         dim: embedding size d.
 
     Shapes:
-        ``forward(h_src [B, d], h_pos [B, d], h_neg [k*B, d])`` returns logits
-        ``([B], [k*B])``. Negatives are laid out negative-major (TGL's ``tile``):
-        row ``j*B + i`` is the j-th negative of positive i, and reuses source i's
-        projection.
+        ``forward(h_src [B, d], h_pos [B, d], h_neg [k*B, d], h_neg_src [k*B, d] | None)``
+        returns logits ``([B], [k*B])``. Negatives are laid out negative-major (TGL's
+        ``tile``): row ``j*B + i`` is the j-th negative of positive i. Without
+        ``h_neg_src`` (random negatives: only the destination is drawn) it is scored
+        against source i, reusing its projection; with it (historical and inductive
+        negatives: drawn ``(src, dst)`` pairs) against its own source.
     """
 
     def __init__(self, dim: int) -> None:
@@ -36,28 +38,40 @@ class EdgePredictor(nn.Module):
         self.dst_fc = nn.Linear(dim, dim)
         self.out_fc = nn.Linear(dim, 1)
 
-    def forward(self, h_src: Tensor, h_pos: Tensor, h_neg: Tensor) -> Tuple[Tensor, Tensor]:
+    def forward(self, h_src: Tensor, h_pos: Tensor, h_neg: Tensor,
+                h_neg_src: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         B = h_src.size(0)
-        s = self.src_fc(h_src)
+        if h_neg_src is not None:
+            s_all = self.src_fc(torch.cat([h_src, h_neg_src], 0))
+        else:
+            s = self.src_fc(h_src)
+            k = h_neg.size(0) // max(B, 1)
+            s_all = torch.cat([s, s.repeat(k, 1)], 0) if k else s
         d = self.dst_fc(torch.cat([h_pos, h_neg], 0))
-        k = h_neg.size(0) // max(B, 1)
-        s_all = torch.cat([s, s.repeat(k, 1)], 0) if k else s
         logits = self.out_fc(torch.relu(s_all + d)).view(-1)
         return logits[:B], logits[B:]
 
-    def score(self, emb: Tensor, src: Tensor, pos: Tensor, neg: Tensor) -> Tuple[Tensor, Tensor]:
-        """``forward(emb[src], emb[pos], emb[neg])`` in one autograd node.
+    def score(self, emb: Tensor, src: Tensor, pos: Tensor, neg: Tensor,
+              neg_src: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """``forward(emb[src], emb[pos], emb[neg], emb[neg_src])`` in one autograd node.
 
         Args:
             emb: ``[R, d]`` embeddings. src, pos: ``[B]`` and neg: ``[k*B]`` row numbers
                 (int64; negatives negative-major, as :meth:`forward`).
+            neg_src: ``[k*B]`` rows of the negatives' own sources, or ``None`` to score
+                negative ``j*B + i`` against ``src[i]``.
         Returns:
             ``([B], [k*B])`` logits, the values and gradients of :meth:`forward`'s.
         """
         B = src.numel()
+        if neg_src is not None and neg_src.numel() != neg.numel():
+            raise ValueError(f"neg_src has {neg_src.numel()} rows, neg has {neg.numel()}")
         if B == 0 or neg.numel() % B or pos.numel() != B:
             return self(emb.index_select(0, src), emb.index_select(0, pos),
-                        emb.index_select(0, neg))
+                        emb.index_select(0, neg),
+                        None if neg_src is None else emb.index_select(0, neg_src))
+        if neg_src is not None:
+            src = torch.cat([src, neg_src])
         logits = ScoreRows.apply(emb, src, torch.cat([pos, neg]), self.src_fc.weight,
                                  self.src_fc.bias, self.dst_fc.weight, self.dst_fc.bias,
                                  self.out_fc.weight, self.out_fc.bias)
@@ -67,8 +81,9 @@ class EdgePredictor(nn.Module):
 class ScoreRows(torch.autograd.Function):
     """``apply(emb, src, dst, W_s, b_s, W_d, b_d, w_o, b_o) -> logits [n]``.
 
-    ``emb [R, d]``; ``src [B]``, ``dst [n]`` row numbers with ``n = (1 + k) B`` (row j*B + i
-    of ``dst`` is scored against source i); the parameters of :class:`EdgePredictor`
+    ``emb [R, d]``; ``src [B]`` or ``[n]``, ``dst [n]`` row numbers with ``n = (1 + k) B``
+    (with ``B`` sources, row j*B + i of ``dst`` is scored against source i; with ``n``,
+    row r against source r); the parameters of :class:`EdgePredictor`
     (``w_o [1, d]``, ``b_o [1]``). Gradients flow to ``emb`` and the parameters.
     """
 
@@ -79,7 +94,7 @@ class ScoreRows(torch.autograd.Function):
         hs, hd = emb.index_select(0, src), emb.index_select(0, dst)
         s = torch.addmm(b_s, hs, w_s.t())                                 # [B, d]
         z = torch.addmm(b_d, hd, w_d.t())                                 # [n, d]
-        z.view(n // B, B, -1).add_(s)
+        z.view(n // B, B, -1).add_(s)                                     # B = n: one each
         z.relu_()
         ctx.save_for_backward(src, dst, hs, hd, z, w_s, w_d, w_o)
         ctx.rows = emb.size(0)
@@ -92,7 +107,7 @@ class ScoreRows(torch.autograd.Function):
         B, n = src.numel(), dst.numel()
         g = g.contiguous()
         gz = torch.ops.aten.threshold_backward(torch.outer(g, w_o.view(-1)), z, 0.0)  # [n, d]
-        gs = gz.view(n // B, B, -1).sum(0)                                # [B, d]
+        gs = gz.view(n // B, B, -1).sum(0) if B < n else gz              # [B, d]
         g_emb = None
         if need[0]:
             g_emb = hs.new_zeros(ctx.rows, hs.size(1))
