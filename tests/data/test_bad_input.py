@@ -255,3 +255,132 @@ def test_a_json_file_is_pointed_to_the_snapshot_loaders(tmp_path):
     q = write(tmp_path / "odd.dat", "a b c d e f\n")
     with pytest.raises(DataFormatError, match=r"--format on the command line"):
         infer_format(q)
+
+
+def test_auto_header_is_a_line_without_numbers_and_a_typo_is_reported(tmp_path):
+    """A first row with one mistyped field is data (reported), not a header (dropped)."""
+    p = write(tmp_path / "s.csv", "1,2,5,1O0\n2,3,4,101\n3,4,1,102\n")
+    with pytest.raises(DataFormatError, match="'1O0' is not a number") as ei:
+        load_snap_signed(p)
+    check(ei, p, 1, "TIME")
+    p = write(tmp_path / "j.csv", "0,0,1.O,0\n1,0,2,0\n2,1,3,0\n")
+    with pytest.raises(DataFormatError, match="'1.O' is not a number") as ei:
+        load_jodie(p)
+    check(ei, p, 1, "timestamp")
+    # snap-signed: the only header taken is SOURCE,TARGET,RATING,TIME (any case)
+    assert load_snap_signed(write(tmp_path / "h.csv", "source,target,rating,time\n1,2,1,10\n")).num_events == 1
+    p = write(tmp_path / "b.csv", "a,b,c,d\n1,2,1,10\n")
+    with pytest.raises(DataFormatError, match="not a data row and not the header") as ei:
+        load_snap_signed(p)
+    check(ei, p, 1, None)
+
+
+def test_utf8_bom_before_a_header_is_ignored(tmp_path):
+    p = tmp_path / "j.csv"
+    p.write_bytes(b"\xef\xbb\xbfitem_id,user_id,timestamp,state_label\n0,1,1.0,0\n")
+    with pytest.raises(DataFormatError, match="header's first columns are .'item_id'") as ei:
+        load_jodie(p)
+    check(ei, p, 1, None)
+    p.write_bytes(b"\xef\xbb\xbf" + JODIE_HEAD.encode() + b"0,1,1.0,0\n1,1,2.0,0\n")
+    assert load_jodie(p).num_events == 2
+    q = tmp_path / "e.txt"
+    q.write_bytes(b"\xef\xbb\xbf1 2 3\n2 3 4\n")
+    assert load_snap(q).num_events == 2
+
+
+@pytest.mark.parametrize("tok", ["1_000", "\u0661\u0660\u0661", "0x10"])
+def test_bad_field_is_found_for_what_python_float_would_take(tmp_path, tok):
+    p = write(tmp_path / "e.txt", f"1 2 3\n2 3 {tok}\n")
+    with pytest.raises(DataFormatError, match="is not a number") as ei:
+        load_snap(p)
+    check(ei, p, 2, "time")
+
+
+def test_temporal_graph_sorted_checks_lengths_before_indexing():
+    from tgl_dist.data import TemporalGraph
+    with pytest.raises(ValueError, match="same length"):
+        TemporalGraph.sorted([3], [2], [3.0, 1.0])
+    with pytest.raises(ValueError, match=r"edge_attr has shape \[2, 4\], expected 3 rows"):
+        TemporalGraph.sorted([0, 1, 2], [1, 2, 0], [1.0, 2.0, 3.0], edge_attr=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="labels has shape .5., expected 3 rows"):
+        TemporalGraph.sorted([0, 1, 2], [1, 2, 0], [1.0, 2.0, 3.0], labels=torch.zeros(5))
+
+
+PYG_OK = {"src": [0, 1, 2], "dst": [1, 2, 0], "t": [1.0, 2.0, 3.0]}
+
+
+@pytest.mark.parametrize("change,field,line,match", [
+    ({"src": [3], "dst": [2]}, "t", None, r"like src \[1\], got shape \[3\]"),
+    ({"dst": [1, 2]}, "dst", None, r"one entry per event like src \[3\], got shape \[2\]"),
+    ({"msg": torch.zeros(2, 4)}, "msg", None, r"expected \[3, F\]"),
+    ({"y": torch.zeros(5, dtype=torch.long)}, "y", None, r"expected \[3\] \(one row per event\)"),
+    ({"src": [0.5, 1, 2]}, "src", 0, "non-negative integer, got 0.5"),
+    ({"dst": [1, -2, 0]}, "dst", 1, "non-negative integer, got -2"),
+    ({"t": [1.0, float("inf"), 3.0]}, "t", 1, "finite"),
+    ({"msg": torch.tensor([[0.0], [1.0], [float("nan")]])}, "msg", 2, "must be finite"),
+    ({"src": ["a", "b", "c"]}, "src", None, "expected a tensor of numbers"),
+])
+def test_pyg_file_shapes_and_values_are_checked(tmp_path, change, field, line, match):
+    p = tmp_path / "d.pt"
+    torch.save({k: torch.tensor(v) if isinstance(v, list) and not isinstance(v[0], str) else v
+                for k, v in {**PYG_OK, **change}.items()}, p)
+    with pytest.raises(DataFormatError, match=match) as ei:
+        load_pyg(p)
+    check(ei, p, line, field)
+
+
+def test_pyg_file_of_lists_and_integral_float_ids_loads(tmp_path):
+    p = tmp_path / "d.pt"
+    torch.save({**PYG_OK, "src": [0.0, 1.0, 2.0]}, p)
+    g = load_pyg(p)
+    assert g.src.tolist() == [0, 1, 2] and g.num_nodes == 3
+
+
+def test_pyg_file_without_events_is_rejected_like_a_text_file(tmp_path):
+    p = tmp_path / "d.pt"
+    torch.save({"src": torch.zeros(0, dtype=torch.long), "dst": torch.zeros(0, dtype=torch.long),
+                "t": torch.zeros(0)}, p)
+    with pytest.raises(DataFormatError, match="holds no events") as ei:
+        load_pyg(p)
+    check(ei, p, None, "src")
+
+
+@pytest.mark.parametrize("label,line", [("nan", 3), ("0.7", 2)])
+def test_dyglib_label_must_be_an_integer_class(tmp_path, label, line):
+    rows = ["0,1,2,1,0,1", "1,2,3,2,0,2", "2,3,1,3,0,3"]
+    rows[line - 2] = rows[line - 2].replace(",0,", f",{label},", 1)
+    p = write(tmp_path / "ml_l.csv", ",u,i,ts,label,idx\n" + "\n".join(rows) + "\n")
+    with pytest.raises(DataFormatError, match=f"label must be an integer, got {float(label)!r}") as ei:
+        load_dyglib(p)
+    check(ei, p, line, "label")
+
+
+@pytest.mark.parametrize("which,array,match", [
+    ("ml_d.npy", np.array([["a", "b"]] * 4), "got dtype <U1"),
+    ("ml_d_node.npy", np.array([["a", "b"]] * 4), "got dtype <U1"),
+    ("ml_d.npy", np.ones((4, 2), dtype=np.complex64), "got dtype complex64"),
+])
+def test_dyglib_feature_file_that_is_not_real_numbers(tmp_path, which, array, match):
+    csv = dyglib_files(tmp_path)
+    np.save(tmp_path / which, array)
+    with pytest.raises(DataFormatError, match=match) as ei:
+        load_dyglib(csv)
+    check(ei, tmp_path / which, None, None)
+
+
+@pytest.mark.parametrize("which,what", [("ml_d.npy", "edge"), ("ml_d_node.npy", "node")])
+def test_dyglib_nan_or_infinite_features(tmp_path, which, what):
+    csv = dyglib_files(tmp_path)
+    a = np.zeros((4, 2))
+    a[2, 1] = np.inf if what == "edge" else np.nan
+    np.save(tmp_path / which, a)
+    with pytest.raises(DataFormatError, match=f"{what} features must be finite numbers") as ei:
+        load_dyglib(csv)
+    check(ei, tmp_path / which, 2, "column 1")          # row 2 of the .npy
+
+
+def test_jodie_nan_feature_names_line_and_column(tmp_path):
+    p = write(tmp_path / "f.csv", JODIE_HEAD + "0,0,1.0,0,0.5,1.0\n1,1,2.0,0,0.5,nan\n")
+    with pytest.raises(DataFormatError, match="edge features must be finite numbers, got nan") as ei:
+        load_jodie(p)
+    check(ei, p, 3, "feature_1")

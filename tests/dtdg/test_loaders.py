@@ -145,3 +145,21 @@ def test_graph_data_validation():
     g.node()["y"] = torch.zeros(2, 4)
     with pytest.raises(ValueError, match=r"node\(\)\['y'\] has 2 rows"):
         g.validate()
+
+
+def test_nan_or_infinite_signal_and_fractional_edge_ids(tmp_path):
+    p = tmp_path / "sig.json"
+    fx = [[1.0, 2.0]] * 6
+    p.write_text(json.dumps({"edges": [[0, 1]], "FX": fx[:3] + [[1.0, float("nan")]] + fx[4:]}))
+    with pytest.raises(DataFormatError, match=r"sig.json, field 'FX': .*finite.*nan at FX\[3\]\[1\]"):
+        load_pgt_json(p)
+    p.write_text(json.dumps({"0": {"edges": [[0, 1]], "X": [[1.0], [float("inf")]]}}))
+    with pytest.raises(DataFormatError, match=r"field '0.X': .*finite.*inf") as e:
+        load_pgt_json(p)
+    assert e.value.path == str(p)
+    p.write_text(json.dumps({"edges": [[0, 1], [1, 1.5]], "FX": fx}))
+    with pytest.raises(DataFormatError, match=r"field 'edges': node ids must be integers, got 1.5 at "
+                       r"edges\[1\]\[1\]"):
+        load_pgt_json(p)
+    p.write_text(json.dumps({"edges": [[0, 1.0]], "FX": fx}))       # integral floats are ids
+    assert load_pgt_json(p).edge_index[:, 0].tolist() == [0, 1]

@@ -55,10 +55,9 @@ class TemporalGraph:
         self.src = torch.as_tensor(self.src, dtype=torch.long)
         self.dst = torch.as_tensor(self.dst, dtype=torch.long)
         self.t = torch.as_tensor(self.t, dtype=torch.float64)
-        E = self.src.numel()
-        if self.dst.numel() != E or self.t.numel() != E:
-            raise ValueError(f"src, dst and t must have the same length, got "
-                             f"{E}, {self.dst.numel()}, {self.t.numel()}")
+        if self.labels is not None:
+            self.labels = torch.as_tensor(self.labels)
+        E = _check_events(self.src, self.dst, self.t, labels=self.labels)
         if self.eid is None:
             self.eid = torch.arange(E, dtype=torch.long)
         if self.num_nodes < 0:
@@ -113,13 +112,17 @@ class TemporalGraph:
         to the sorted order.
         """
         t = torch.as_tensor(t, dtype=torch.float64)
-        order = torch.sort(t, stable=True).indices
-        src = torch.as_tensor(src, dtype=torch.long)[order]
-        dst = torch.as_tensor(dst, dtype=torch.long)[order]
+        src = torch.as_tensor(src, dtype=torch.long)
+        dst = torch.as_tensor(dst, dtype=torch.long)
         for key in ("edge_attr", "labels"):
             if kwargs.get(key) is not None:
-                kwargs[key] = torch.as_tensor(kwargs[key])[order]
-        return TemporalGraph(src, dst, t[order], **kwargs)
+                kwargs[key] = torch.as_tensor(kwargs[key])
+        _check_events(src, dst, t, edge_attr=kwargs.get("edge_attr"), labels=kwargs.get("labels"))
+        order = torch.sort(t, stable=True).indices
+        for key in ("edge_attr", "labels"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = kwargs[key][order]
+        return TemporalGraph(src[order], dst[order], t[order], **kwargs)
 
     # ------------------------------------------------------------------ splits
     def split(self, val_ratio: float = 0.15, test_ratio: float = 0.15,
@@ -185,3 +188,17 @@ class TemporalGraph:
         g.labels = None if self.labels is None else self.labels[mask]
         g.masks = {k: v[mask] for k, v in self.masks.items()}
         return g
+
+
+def _check_events(src: Tensor, dst: Tensor, t: Tensor, edge_attr: OptTensor = None,
+                  labels: OptTensor = None) -> int:
+    """E, after checking that ``src``, ``dst`` and ``t`` are 1-d of one length and that
+    ``edge_attr`` / ``labels`` (when given) have one row per event; else ``ValueError``."""
+    E = src.numel()
+    if src.dim() != 1 or dst.dim() != 1 or t.dim() != 1 or dst.numel() != E or t.numel() != E:
+        raise ValueError(f"src, dst and t must be 1-d and have the same length, got shapes "
+                         f"{list(src.shape)}, {list(dst.shape)}, {list(t.shape)}")
+    for key, x in (("edge_attr", edge_attr), ("labels", labels)):
+        if x is not None and (x.dim() == 0 or x.size(0) != E):
+            raise ValueError(f"{key} has shape {list(x.shape)}, expected {E} rows (one per event)")
+    return E

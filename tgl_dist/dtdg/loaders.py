@@ -45,11 +45,21 @@ def _edges(path, raw, field: str, num_nodes: Optional[int]) -> Tensor:
                               field=field)
     if len(raw) == 0:
         return torch.zeros(2, 0, dtype=torch.long)
-    try:
-        e = torch.tensor(raw, dtype=torch.long)
-    except (TypeError, ValueError) as err:
+    try:    # numpy keeps what JSON wrote (int64, or float64 when any id has a fraction)
+        a = np.asarray(raw)
+    except (TypeError, ValueError, OverflowError) as err:
         raise DataFormatError(path, f"expected a list of integer [src, dst] pairs ({err})",
                               field=field) from None
+    if a.dtype.kind == "f":  # 1.0 is id 1; 1.5, NaN or Infinity is no node id (no truncation)
+        bad = ~np.isfinite(a) | (a != np.floor(a))
+        if bad.any():
+            k = np.argwhere(bad)[0]
+            raise DataFormatError(path, f"node ids must be integers, got {float(a[tuple(k)])!r} at "
+                                  f"{field}{''.join(f'[{i}]' for i in k.tolist())}", field=field)
+    elif a.dtype.kind not in "iu":
+        raise DataFormatError(path, f"expected a list of integer [src, dst] pairs, got values of type "
+                              f"{a.dtype}", field=field)
+    e = torch.from_numpy(a.astype(np.int64))
     if e.dim() != 2 or e.size(1) != 2:
         raise DataFormatError(path, f"expected pairs [src, dst], got shape {tuple(e.shape)}", field=field)
     if int(e.min()) < 0 or (num_nodes is not None and int(e.max()) >= num_nodes):
@@ -59,10 +69,16 @@ def _edges(path, raw, field: str, num_nodes: Optional[int]) -> Tensor:
 
 
 def _floats(path, raw, field: str, shape_hint: str) -> Tensor:
+    """``raw`` as float32; NaN or Infinity (which Python's JSON reader accepts) is an error."""
     try:
-        return torch.tensor(raw, dtype=torch.float32)
+        x = torch.tensor(raw, dtype=torch.float32)
     except (TypeError, ValueError) as err:
         raise DataFormatError(path, f"expected {shape_hint} numbers ({err})", field=field) from None
+    if not bool(torch.isfinite(x).all()):
+        k = torch.nonzero(~torch.isfinite(x))[0]
+        raise DataFormatError(path, f"values must be finite numbers, got {x[tuple(k)].item()!r} at "
+                              f"{field}{''.join(f'[{i}]' for i in k.tolist())}", field=field)
+    return x
 
 
 def _need(path, d: dict, key: str, where: str = ""):

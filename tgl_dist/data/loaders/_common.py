@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import io
 import math
+import re
 from pathlib import Path
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -28,6 +29,7 @@ PathLike = Union[str, Path]
 
 _SPACE = np.frombuffer(b" ", dtype=np.uint8)[0]
 _NEWLINE = np.frombuffer(b"\n", dtype=np.uint8)[0]
+_BOM = b"\xef\xbb\xbf"      # UTF-8 byte order mark some editors put at the start of a file
 
 
 class DatasetNotFoundError(TGLDistError, FileNotFoundError):
@@ -46,7 +48,7 @@ def read_bytes(path: PathLike) -> bytes:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
             raise DataFormatError(path, f"corrupt or truncated gzip file ({exc})") from None
-    return raw
+    return raw[len(_BOM):] if raw.startswith(_BOM) else raw
 
 
 def head_lines(path: PathLike, n: int) -> List[str]:
@@ -60,6 +62,8 @@ def head_lines(path: PathLike, n: int) -> List[str]:
     out: List[str] = []
     with opener(path, "rb") as f:
         for raw in f:
+            if not out and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
             out.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
             if len(out) >= n:
                 break
@@ -75,16 +79,16 @@ def stem(path: PathLike) -> str:
     return n
 
 
+# exactly the tokens numpy's float reader (``np.fromstring(..., sep=" ")``) accepts: ASCII
+# decimals with an optional exponent, inf/infinity, nan; not ``1_000``, non-ASCII digits or
+# hex, which Python's ``float()`` partly accepts
+_NUMBER = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?"
+                     r"|nan(?:\([0-9A-Za-z_]*\)?)?)", re.IGNORECASE | re.ASCII)
+
+
 def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
-
-
-def _split(line: str) -> List[str]:
-    return line.replace(",", " ").replace("\t", " ").split()
+    """Whether the text parser reads ``token`` as a number."""
+    return _NUMBER.fullmatch(token) is not None
 
 
 class Table:
@@ -95,10 +99,13 @@ class Table:
         lines: 1-based file line number of each row, shape ``[R]``, int64.
         header: the header's field names, or ``None`` when the file has no header.
         path: the file.
+        header_line: 1-based file line number of the header (``None`` without one).
     """
 
-    def __init__(self, values: np.ndarray, lines: np.ndarray, header: Optional[List[str]], path: Path):
+    def __init__(self, values: np.ndarray, lines: np.ndarray, header: Optional[List[str]], path: Path,
+                 header_line: Optional[int] = None):
         self.values, self.lines, self.header, self.path = values, lines, header, path
+        self.header_line = header_line
 
     @property
     def num_rows(self) -> int:
@@ -121,7 +128,9 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
             ``-1`` for no limit). All rows must have the same number of columns.
         comments: characters that start a comment line (skipped).
         header: ``True`` if the first data line is a header, ``False`` if not, ``"auto"``
-            to treat it as a header when one of its fields is not a number.
+            to treat it as a header when none of its fields is a number (a data line with
+            one bad field is then reported, not dropped). A UTF-8 byte order mark at the
+            start of the file is ignored.
 
     Returns:
         :class:`Table` with ``values [R, C]`` float64 and the line number of each row.
@@ -148,13 +157,14 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
 
     # header: the first line that is neither a comment nor blank (usually within a few lines)
     header_fields: Optional[List[str]] = None
+    header_line: Optional[int] = None
     for i in range(n_lines):
         if comment[i] or not raw[line_start[i]:line_end[i]].strip():
             continue
         text0 = raw[line_start[i]:line_end[i]].decode("utf-8", "replace")
         fields = [f.strip() for f in (text0.split(",") if "," in text0 else text0.split())]
-        if header is True or (header == "auto" and not all(_is_number(f) for f in fields if f)):
-            header_fields = fields
+        if header is True or (header == "auto" and looks_like_header(fields)):
+            header_fields, header_line = fields, i + 1
             comment[i] = True
         break
 
@@ -213,7 +223,14 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
     if C is None:
         raise DataFormatError(path, "the file holds no data rows")
     vals = values[0] if len(values) == 1 else np.concatenate(values)
-    return Table(vals, lines[0] if len(lines) == 1 else np.concatenate(lines), header_fields, path)
+    return Table(vals, lines[0] if len(lines) == 1 else np.concatenate(lines), header_fields, path,
+                 header_line)
+
+
+def looks_like_header(fields: Sequence[str]) -> bool:
+    """A line is a header when none of its (non-empty) fields is a number: a data line
+    with one mistyped field (``1,2,5,1O0``) is data, and its bad field gets reported."""
+    return not any(_is_number(f) for f in fields if f)
 
 
 _CHUNK = 16 << 20
@@ -268,13 +285,15 @@ def _parse_numbers(body: bytes) -> Optional[np.ndarray]:
 
 
 def _scan_for_bad_field(path: Path, raw: bytes, starts: np.ndarray, ends: np.ndarray, name) -> None:
-    """Slow path: find the first field that is not a number and raise for it."""
-    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-        line = raw[s:e].decode("utf-8", "replace")
-        for c, tok in enumerate(_split(line)):
-            try:
-                float(tok)
-            except ValueError:
+    """Slow path: find the first field that is not a number and raise for it.
+
+    Splits the bytes as the fast path does (comma, tab and space only) and accepts exactly
+    what numpy's reader accepts (:func:`_is_number`), so the field that made it fail is found.
+    """
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        toks = raw[s:e].replace(b",", b" ").replace(b"\t", b" ").split(b" ")
+        for c, tok in enumerate(t.decode("utf-8", "replace") for t in toks if t):
+            if not _is_number(tok):
                 lineno = raw.count(b"\n", 0, s) + 1
                 raise DataFormatError(path, f"{tok!r} is not a number", line=lineno, field=name(c)) from None
 
@@ -310,6 +329,41 @@ def finite_values(table: Table, col: int, field: str, what: str) -> np.ndarray:
         r = int(np.flatnonzero(bad)[0])
         raise table.error(r, field, f"{what} must be a finite number, got {float(x[r])!r}")
     return x
+
+
+def int_labels(table: Table, col: int, field: str, what: str) -> np.ndarray:
+    """Column ``col`` as int64 class labels (JODIE state labels, DyGLib ``label``); a NaN,
+    infinite or fractional label is an error naming ``what``.
+
+    Returns:
+        labels, shape ``[R]``, int64.
+    """
+    x = table.values[:, col]
+    bad = ~np.isfinite(x) | (x != np.floor(x))
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise table.error(r, field, f"{what} must be an integer, got {float(x[r])!r}")
+    return x.astype(np.int64)
+
+
+def check_finite(x: np.ndarray, path: PathLike, what: str, lines: Optional[np.ndarray] = None,
+                 row_offset: int = 0, field=None) -> None:
+    """Raise for the first NaN or infinite value of the features ``x`` (shape ``[R, F]``).
+
+    One vectorised test; the bad row is located only on failure. ``lines`` maps rows to
+    file lines; without it the error names the row (``row_offset`` + index). ``field(c)``
+    names column ``c`` (default ``column <c>``, 0-based).
+    """
+    ok = np.isfinite(x)
+    if ok.all():
+        return
+    ok = ok.reshape(ok.shape[0], -1)
+    r = int(np.flatnonzero(~ok.all(axis=1))[0])
+    c = int(np.flatnonzero(~ok[r])[0])
+    where = int(lines[r]) if lines is not None else r + row_offset
+    got = float(x.reshape(x.shape[0], -1)[r, c])
+    raise DataFormatError(path, f"{what} must be finite numbers, got {got!r}", line=where,
+                          field=field(c) if field is not None else f"column {c}")
 
 
 def timestamps(table: Table, col: int, field: str) -> np.ndarray:

@@ -16,8 +16,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import (PathLike, Table, read_table, remap_nodes, node_ids, stem,
-                                           timestamps)
+from tgl_dist.data.loaders._common import (PathLike, Table, check_finite, int_labels, read_table,
+                                           remap_nodes, node_ids, stem, timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -49,9 +49,13 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
         edge_features / node_features: read the ``.npy`` files when they exist
             (``False`` skips them).
 
+    Labels are edge classes (0/1 state labels in the published files): a NaN or fractional
+    ``label`` is an error.
+
     Raises:
-        DataFormatError: a missing header column, a malformed row, a bad id or time, a
-            feature file whose row count does not match the events / nodes.
+        DataFormatError: a missing header column, a malformed row, a bad id, time or label,
+            a feature file whose row count does not match the events / nodes, that is not
+            a real-valued numeric array, or that holds NaN or infinite values.
     """
     csv_path, edge_npy, node_npy = dyglib_paths(path)
     tab = read_table(csv_path, names=("index", "u", "i", "ts", "label", "idx"), min_cols=4, max_cols=-1,
@@ -74,7 +78,7 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
     E = tab.num_rows
     labels = None
     if "label" in c:
-        labels = torch.from_numpy(tab.values[:, c["label"]].astype(np.int64))
+        labels = torch.from_numpy(int_labels(tab, c["label"], "label", "label"))
 
     node_feat = None
     if node_features and node_npy.is_file():
@@ -83,7 +87,9 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
         _check_ids(tab, (u, i), ("u", "i"), N, node_npy)
         src, dst = torch.from_numpy(u - 1), torch.from_numpy(i - 1)
         node_map = torch.arange(1, N + 1, dtype=torch.long)
-        node_feat = torch.from_numpy(np.ascontiguousarray(nf[1:], dtype=np.float32))
+        nf = np.ascontiguousarray(nf[1:], dtype=np.float32)
+        check_finite(nf, node_npy, "node features", row_offset=1)
+        node_feat = torch.from_numpy(nf)
     else:
         src, dst, node_map = remap_nodes(u, i)
         N = int(node_map.numel())
@@ -96,7 +102,9 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
                                   f"{E + 1} ({E} events in {csv_path.name} + 1 padding row 0)",
                                   field="rows")
         _check_ids(tab, (idx,), ("idx",), E, edge_npy)
-        edge_attr = torch.from_numpy(np.asarray(ef[idx], dtype=np.float32))
+        ef = np.asarray(ef[idx], dtype=np.float32)
+        check_finite(ef, edge_npy, "edge features", lines=idx)     # names the row of the .npy
+        edge_attr = torch.from_numpy(ef)
     log.info("read %s: %d events, %d nodes", csv_path, E, N)
     base = stem(csv_path)
     return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=N, edge_attr=edge_attr,
@@ -111,6 +119,8 @@ def _load_npy(path: Path) -> np.ndarray:
         raise DataFormatError(path, f"not a readable .npy array ({exc})") from None
     if a.ndim != 2:
         raise DataFormatError(path, f"expected a 2-d feature array [rows, F], got shape {tuple(a.shape)}")
+    if a.dtype.kind not in "biuf":     # strings, objects, complex numbers, dates: not features
+        raise DataFormatError(path, f"expected real numbers (int or float) as features, got dtype {a.dtype}")
     return a
 
 

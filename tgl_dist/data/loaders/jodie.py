@@ -13,8 +13,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import (PathLike, head_lines, node_ids, read_table, remap_nodes,
-                                           stem, timestamps)
+from tgl_dist.data.loaders._common import (PathLike, check_finite, head_lines, int_labels,
+                                           looks_like_header, node_ids, read_table, remap_nodes, stem,
+                                           timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -43,35 +44,40 @@ def load_jodie(path: PathLike, name: Optional[str] = None, shift_items: bool = T
 
     Raises:
         DataFormatError: naming the line and field of a malformed row, a non-numeric or
-            negative id, a NaN or negative timestamp.
+            negative id, a NaN or negative timestamp, a fractional state label, a NaN or
+            infinite feature, a header whose first names are not JODIE's.
     """
     path = Path(path)
-    first = (head_lines(path, 1) or [""])[0]
-    if first[:1].isalpha():       # a header: its first four names must be JODIE's
-        head = [h.strip().lower() for h in first.split(",")[:4]]
-        if head != list(FIELDS):
-            missing = [f for f in FIELDS if f not in head]
-            raise DataFormatError(path, f"the header's first columns are {head}, expected "
+    # the first line that is neither blank nor a comment is a header when none of its fields
+    # is a number (a data row with one mistyped field is data: its bad field is reported)
+    head = head_lines(path, 64)
+    k = next((i for i, ln in enumerate(head) if ln.strip() and ln[:1] not in "#%"), None)
+    line = "" if k is None else head[k]
+    fields = [h.strip() for h in (line.split(",") if "," in line else line.split())]
+    has_header = bool(fields) and looks_like_header(fields)
+    if has_header:                # its first four names must be JODIE's
+        names = [h.lower() for h in fields[:4]]
+        if names != list(FIELDS):
+            missing = [f for f in FIELDS if f not in names]
+            raise DataFormatError(path, f"the header's first columns are {names}, expected "
                                   f"{list(FIELDS)}" + (f": no {missing[0]!r}" if missing else ""),
-                                  line=1, field=missing[0] if missing else None)
-    tab = read_table(path, names=FIELDS, min_cols=4, max_cols=-1)
+                                  line=k + 1, field=missing[0] if missing else None)
+    tab = read_table(path, names=FIELDS, min_cols=4, max_cols=-1, header="auto" if k is None else has_header)
     users = node_ids(tab, 0, FIELDS[0])
     items = node_ids(tab, 1, FIELDS[1])
     t = timestamps(tab, 2, FIELDS[2])
-    lab = tab.values[:, 3]
-    bad = ~np.isfinite(lab) | (lab != np.floor(lab))
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise tab.error(r, FIELDS[3], f"state label must be an integer, got {float(lab[r])!r}")
+    lab = int_labels(tab, 3, FIELDS[3], "state label")
     if shift_items:
         items = items + (int(users.max()) + 1)
     src, dst, node_map = remap_nodes(users, items)
     edge_attr = None
     if tab.values.shape[1] > 4:
+        check_finite(tab.values[:, 4:], path, "edge features", lines=tab.lines,
+                     field=lambda c: f"feature_{c}")
         edge_attr = torch.from_numpy(tab.values[:, 4:].astype(np.float32))
     log.info("read %s: %d events, %d nodes, %d feature columns", path, tab.num_rows,
              node_map.numel(), 0 if edge_attr is None else edge_attr.size(1))
     return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=int(node_map.numel()),
-                                edge_attr=edge_attr, labels=torch.from_numpy(lab.astype(np.int64)),
+                                edge_attr=edge_attr, labels=torch.from_numpy(lab),
                                 node_map=node_map, name=name or stem(path))
 

@@ -12,12 +12,16 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from torch import Tensor
 
 from tgl_dist.data.loaders._common import DatasetNotFoundError, PathLike, require_keys
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
 log = logging.getLogger(__name__)
+
+
+_WHERE = "<TemporalData>"   # load_pyg puts the file name in its place
 
 
 def from_pyg(data, name: str = "pyg", num_nodes: Optional[int] = None) -> TemporalGraph:
@@ -28,25 +32,83 @@ def from_pyg(data, name: str = "pyg", num_nodes: Optional[int] = None) -> Tempor
     and ``y [E]`` becomes ``labels``.
 
     Args:
-        data: ``TemporalData`` with ``src, dst, t`` (each ``[E]``), optional ``msg``, ``y``.
+        data: ``TemporalData`` with ``src, dst, t`` (each ``[E]``), optional ``msg``, ``y``
+            (tensors, or anything ``torch.as_tensor`` takes).
         name: dataset name.
-        num_nodes: N (default ``data.num_nodes``, i.e. ``max(src, dst) + 1``).
+        num_nodes: N (default ``max(src, dst) + 1``, as ``TemporalData.num_nodes``).
+
+    Raises:
+        DataFormatError: naming the field (and the row, as ``line``): a missing
+            ``src``/``dst``/``t``, a value that is not a 1-d tensor of real numbers, lengths
+            that differ, a negative or fractional node id (or one ``>= num_nodes``), a NaN,
+            infinite or negative time, ``msg`` or ``y`` without one row per event, a NaN or
+            infinite ``msg`` or ``y`` value.
     """
     get = (lambda k: data.get(k)) if isinstance(data, dict) else (lambda k: getattr(data, k, None))
     src, dst, t = get("src"), get("dst"), get("t")
     if src is None or dst is None or t is None:
-        raise DataFormatError("<TemporalData>", "needs src, dst and t", field="src/dst/t")
-    t = torch.as_tensor(t)
-    if t.numel() and (bool(torch.isnan(t.double()).any()) or float(t.min()) < 0):
-        bad = int(torch.nonzero(torch.isnan(t.double()) | (t.double() < 0))[0])
-        raise DataFormatError("<TemporalData>", f"t[{bad}] = {t[bad].item()!r}: times must be finite "
-                              "and >= 0", line=bad, field="t")
-    if num_nodes is None:
-        n = None if isinstance(data, dict) else data.num_nodes
-        num_nodes = int(n) if n is not None else -1
-    N = num_nodes if num_nodes >= 0 else int(max(int(src.max()), int(dst.max())) + 1) if src.numel() else 0
-    return TemporalGraph.sorted(src, dst, t, num_nodes=N, edge_attr=get("msg"), labels=get("y"),
-                                node_map=torch.arange(N, dtype=torch.long), name=name)
+        raise DataFormatError(_WHERE, "needs src, dst and t", field="src/dst/t")
+    src, dst, t = (_real_tensor(x, k, allow_bool=False) for x, k in ((src, "src"), (dst, "dst"), (t, "t")))
+    E = src.numel()
+    for k, x in (("src", src), ("dst", dst), ("t", t)):
+        if x.dim() != 1 or x.numel() != E:
+            raise DataFormatError(_WHERE, f"expected a 1-d tensor of one entry per event like src [{E}], "
+                                  f"got shape {list(x.shape)}", field=k)
+    src, dst = _node_ids(src, "src"), _node_ids(dst, "dst")
+    td = t.double()
+    bad = ~torch.isfinite(td) | (td < 0)
+    if bool(bad.any()):
+        r = int(torch.nonzero(bad)[0])
+        raise DataFormatError(_WHERE, f"t[{r}] = {t[r].item()!r}: times must be finite and >= 0",
+                              line=r, field="t")
+    top = int(max(int(src.max()), int(dst.max()))) if E else -1
+    N = top + 1 if num_nodes is None or num_nodes < 0 else int(num_nodes)
+    if top >= N:
+        k = "src" if int(src.max()) == top else "dst"
+        r = int(torch.nonzero((src if k == "src" else dst) == top)[0])
+        raise DataFormatError(_WHERE, f"node id {top} is not below num_nodes={N}", line=r, field=k)
+    extra = {}
+    for key, k in (("msg", "edge_attr"), ("y", "labels")):
+        x = get(key)
+        if x is None:
+            continue
+        x = _real_tensor(x, key, allow_bool=True)
+        if x.dim() == 0 or x.size(0) != E or (key == "msg" and x.dim() > 2):
+            want = f"[{E}, F]" if key == "msg" else f"[{E}]"
+            raise DataFormatError(_WHERE, f"expected {want} (one row per event), got shape {list(x.shape)}",
+                                  field=key)
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            bad = ~torch.isfinite(x.reshape(E, -1))
+            r = int(torch.nonzero(bad.any(1))[0])
+            raise DataFormatError(_WHERE, f"{key}[{r}] holds {x.reshape(E, -1)[r][bad[r]][0].item()!r}: "
+                                  "values must be finite", line=r, field=key)
+        extra[k] = x
+    return TemporalGraph.sorted(src, dst, t, num_nodes=N, node_map=torch.arange(N, dtype=torch.long),
+                                name=name, **extra)
+
+
+def _real_tensor(x, field: str, allow_bool: bool) -> Tensor:
+    """``x`` as a tensor of real numbers (ints or floats; bools if ``allow_bool``)."""
+    try:
+        x = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise DataFormatError(_WHERE, f"expected a tensor of numbers, got {type(x).__name__} ({exc})",
+                              field=field) from None
+    if x.is_complex() or (x.dtype == torch.bool and not allow_bool):
+        raise DataFormatError(_WHERE, f"expected real numbers, got dtype {x.dtype}", field=field)
+    return x
+
+
+def _node_ids(x: Tensor, field: str) -> Tensor:
+    """Node ids ``[E]`` as int64; each must be a non-negative integer (floats such as 3.0 pass)."""
+    bad = x < 0
+    if x.is_floating_point():
+        bad |= ~torch.isfinite(x) | (x != torch.floor(x))
+    if bool(bad.any()):
+        r = int(torch.nonzero(bad)[0])
+        raise DataFormatError(_WHERE, f"node id must be a non-negative integer, got {x[r].item()!r}",
+                              line=r, field=field)
+    return x.long()
 
 
 def to_pyg(graph: TemporalGraph):
@@ -75,6 +137,10 @@ def load_pyg(path: PathLike, name: Optional[str] = None, trusted: bool = False) 
     The file is opened with ``torch.load(weights_only=True)``, allowing only the PyG
     ``TemporalData`` classes, so an untrusted file cannot run code. ``trusted=True``
     falls back to full unpickling for files that need other classes.
+
+    Raises:
+        DataFormatError: an unreadable file, a missing key, no events, or any bad value
+            :func:`from_pyg` reports (naming the file, the field and the row as ``line``).
     """
     from torch_geometric.data import TemporalData
     from torch_geometric.data.storage import GlobalStorage
@@ -98,5 +164,7 @@ def load_pyg(path: PathLike, name: Optional[str] = None, trusted: bool = False) 
         g = from_pyg(obj, name=name or stem)
     except DataFormatError as exc:
         raise DataFormatError(path, str(exc).split(": ", 1)[-1], line=exc.line, field=exc.field) from None
+    if g.num_events == 0:        # as the text loaders: a file without events is an error
+        raise DataFormatError(path, "the file holds no events (src, dst and t are empty)", field="src")
     log.info("read %s: %d events, %d nodes", path, g.num_events, g.num_nodes)
     return g

@@ -16,6 +16,7 @@ import torch
 from tgl_dist.data.loaders._common import (PathLike, finite_values, node_ids, read_table,
                                            remap_nodes, stem, timestamps)
 from tgl_dist.data.temporal import TemporalGraph
+from tgl_dist.errors import DataFormatError
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,19 @@ def load_snap_signed(path: PathLike, name: Optional[str] = None) -> TemporalGrap
     −10..10 for the bitcoin networks). Rows are sorted stably by time (rows with equal
     times keep their file order); node ids are remapped to ``0..N-1`` (``node_map``).
 
+    The published files have no header; a first line in which no field is a number is
+    taken as one, and must then read ``SOURCE,TARGET,RATING,TIME`` (any case).
+
     Raises:
         DataFormatError: a line without 4 fields, a bad id, a NaN rating, a NaN or
-            negative time (naming the line and field).
+            negative time, another header (naming the line and field).
     """
     path = Path(path)
     tab = read_table(path, names=FIELDS, min_cols=4, header="auto")
+    if tab.header is not None and [h.upper() for h in tab.header] != list(FIELDS):
+        raise DataFormatError(path, f"the first line {','.join(tab.header)!r} is not a data row and not the "
+                              f"header {','.join(FIELDS)!r} (the published files have no header)",
+                              line=tab.header_line)
     src, dst, node_map = remap_nodes(node_ids(tab, 0, "SOURCE"), node_ids(tab, 1, "TARGET"))
     rating = finite_values(tab, 2, "RATING", "rating")
     t = torch.from_numpy(timestamps(tab, 3, "TIME"))
