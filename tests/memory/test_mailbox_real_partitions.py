@@ -1,5 +1,6 @@
 """TGN on real partitions: 2 ranks end an epoch with the memory and mailbox of 1 process,
-with fixed parameters and when training them."""
+with fixed parameters and when training them; every memory model when a rank has no
+event in many steps."""
 from pathlib import Path
 
 import numpy as np
@@ -8,11 +9,12 @@ import torch
 
 from tgl_dist.testing import run_distributed
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "TGN.yml"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GLOBAL_BATCH = 120
 
 
-def _epoch(root: str, train: bool = False):
+def _epoch(root: str, train: bool = False, config: str = "TGN.yml", split: str = "train",
+           global_batch: int = GLOBAL_BATCH):
     from tgl_dist import DistributedContext
     from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
     from tgl_dist.loader import DistributedDataLoader
@@ -24,14 +26,15 @@ def _epoch(root: str, train: bool = False):
     ctx = DistributedContext.init()
     pdata = partition_load(root, "hash")
     graph = DistributedGraphStore(pdata)
-    cfg = load_config(CONFIG)
-    sampler = NeighborSampler(graph.num_nodes, 1, [10],
+    cfg = load_config(CONFIGS / config)
+    smp = cfg.sampling
+    sampler = NeighborSampler(graph.num_nodes, smp.layer, list(smp.neighbor),
                               TemporalNeighborSampleGraph(pdata, mode="partitioned"))
     mb = SharedMailBox(int(pdata.ids.numel()), cfg.memory, graph.edge_feat_dim,
                        partition_book=pdata.book)
-    loader = DistributedDataLoader(graph, "train", sampler=sampler,
+    loader = DistributedDataLoader(graph, split, sampler=sampler,
                                    neg_sampler=NegativeSampling("triplet", "random", 1),
-                                   batch_size=GLOBAL_BATCH // ctx.world_size, train=False,
+                                   batch_size=global_batch // ctx.world_size, train=False,
                                    mailbox=mb, queue_size=0)
     torch.manual_seed(0)  # same parameters on every rank and in the 1-process run
     model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim)
@@ -117,4 +120,22 @@ def test_two_ranks_train_like_one_process(tmp_path):
     assert torch.allclose(got[0], ref[1], atol=1e-4)       # memory
     assert torch.equal(got[1], ref[2])                     # memory_ts
     assert torch.allclose(got[2], ref[3], atol=1e-4)       # mailbox
+    assert torch.equal(got[3], ref[4])                     # mail_ts
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("config", ["TGN.yml", "JODIE.yml", "APAN.yml"])
+def test_a_rank_without_events_in_a_step_takes_part_with_an_empty_batch(tmp_path, config):
+    # one event per rank per window: in many windows both events belong to one rank and
+    # the other runs the model, the mailbox update and every collective on an empty batch
+    # (the GRU / RNN / attention updaters once failed there on reshapes to [0, -1])
+    g, root = _graph(tmp_path)
+    ref = [torch.from_numpy(a) for a in _epoch(root, False, config, "test", 2)]
+    got, _ = _gather(run_distributed(_epoch, 2, root, False, config, "test", 2, timeout=180),
+                     g.num_nodes)
+    assert float(ref[1].abs().sum()) > 0
+    assert torch.allclose(got[0], ref[1], atol=1e-5)       # memory
+    assert torch.equal(got[1], ref[2])                     # memory_ts
+    assert torch.allclose(got[2], ref[3], atol=1e-5)       # mailbox
     assert torch.equal(got[3], ref[4])                     # mail_ts

@@ -350,7 +350,7 @@ class SharedMailBox:
             if self.dim_edge_feat:
                 parts_u.append(self._edge_feats(edge_feats))
                 parts_v.append(parts_u[-1])
-            mail = torch.stack([torch.cat(parts_u, 1), torch.cat(parts_v, 1)], 1).view(2 * B, -1)
+            mail = torch.stack([torch.cat(parts_u, 1), torch.cat(parts_v, 1)], 1).view(2 * B, self.dim_mail)
             ids = torch.stack([index[src], index[dst]], 1).view(-1)
             mail_ts = ts.to(torch.float64).repeat_interleave(2)
             order = None if eids is None else _event_order(eids.to(ids.device))

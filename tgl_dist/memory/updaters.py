@@ -92,7 +92,7 @@ class _CellUpdater(MemoryUpdater):
         """``(node-only gate inputs [U, *], inverse [S] or None, mem [S, d_m])``: the
         :meth:`_node_terms` of each distinct node."""
         ids, mem = srcdata["ID"], srcdata["mem"]
-        mail = srcdata["mail"].reshape(mem.size(0), -1)
+        mail = srcdata["mail"].flatten(1)  # [S, d_mail] (K = 1); S may be 0
         inv, mem_u, mail_u = None, mem, mail
         if self.time_delta == "query":  # 'mail': one row per node already
             first, inv = unique_first(ids)
@@ -139,7 +139,7 @@ class GRUMemoryUpdater(_CellUpdater):
             # constants)
             mem = srcdata["mem"]
             phi = self.time_enc(srcdata["mail_ts"][:, -1] - srcdata["mem_ts"])
-            mail = srcdata["mail"].reshape(mem.size(0), -1)
+            mail = srcdata["mail"].flatten(1)  # [S, d_mail] (K = 1); S may be 0
             params = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
             if _starts_with(mail, mem):
                 # TGN's mails start with the receiver's own memory, written with it: the
@@ -239,15 +239,16 @@ class TransformerMemoryUpdater(MemoryUpdater):
     def forward(self, srcdata) -> Tensor:
         mem, mail = srcdata["mem"], srcdata["mail"]
         S, K, H = mem.size(0), self.mailbox_size, self.num_head
-        q = self.w_q(mem).view(S, 1, H, -1)
+        C = self.dim_memory // H  # explicit widths: S may be 0 (a rank with no event)
+        q = self.w_q(mem).view(S, 1, H, C)
         if self.time_enc is not None:
             phi = self.time_enc(srcdata["ts"].view(-1, 1) - srcdata["mail_ts"])
             mail = torch.cat([mail, phi], 2)
-        k = self.w_k(mail).view(S, K, H, -1)
-        v = self.w_v(mail).view(S, K, H, -1)
+        k = self.w_k(mail).view(S, K, H, C)
+        v = self.w_v(mail).view(S, K, H, C)
         att = F.softmax(F.leaky_relu((q * k).sum(-1), 0.2), dim=1)
         att = self.att_dropout(att)
-        rst = (att.unsqueeze(-1) * v).sum(1).reshape(S, -1) + mem
+        rst = (att.unsqueeze(-1) * v).sum(1).reshape(S, H * C) + mem
         return F.relu(self.dropout(self.mlp(self.layer_norm(rst))))
 
 
