@@ -104,10 +104,34 @@ def test_evaluation_random_negatives_avoid_the_positive_destination():
     plain, kept = ev.random(eid, 0), ev.random(eid, 0, dst)
     assert bool((plain == dst).any())                  # a third of the plain draws collide
     assert not bool((kept == dst).any()) and bool(torch.isin(kept, pool).all())
-    assert torch.equal(kept[plain != dst], plain[plain != dst])   # only collisions redrawn
+    # only collisions with the positive redrawn: a pool of 3 cannot give 9 distinct
+    # candidates, so repeats stay (see the next test)
+    assert torch.equal(kept[plain != dst], plain[plain != dst])
     assert torch.equal(ev.random(eid[100:200], 0, dst[100:200]), kept[:, 100:200])
     one = ns.bind("test", False, Stream(SRC[:0], DST[:0], T[:0], N), torch.tensor([5]))
     assert torch.equal(one.random(eid[:4], 0, torch.full((4,), 5)), torch.full((9, 4), 5))
+
+
+def test_evaluation_candidates_of_an_event_are_distinct():
+    # TGB's generator draws an event's k candidates without replacement: no repeats among
+    # them when the pool has k + 1 ids or more, and a draw stays as drawn unless it repeats
+    # an earlier one or equals the positive
+    from tgl_dist.sampling.negative import _repeats
+    pool = torch.arange(100, 130)
+    ns = NegativeSampling(strategy="random", num_neg=9, seed=3)
+    ev = ns.bind("test", False, Stream(SRC[:0], DST[:0], T[:0], N), pool)
+    eid = torch.arange(4000)
+    dst = pool[eid % 30]
+    plain, kept = ev.random(eid, 0), ev.random(eid, 0, dst)
+    assert bool(_repeats(plain).any())                 # ~70 % of events repeat an id
+    srt = kept.sort(0).values
+    assert not bool((srt[1:] == srt[:-1]).any()) and not bool((kept == dst).any())
+    fine = (plain != dst) & ~_repeats(plain)
+    assert torch.equal(kept[fine], plain[fine])
+    assert torch.equal(ev.random(eid, 0, dst), kept)   # deterministic
+    # _repeats marks the later copies only
+    x = torch.tensor([[1, 2], [1, 3], [4, 2], [1, 2]])
+    assert _repeats(x).tolist() == [[False, False], [True, False], [False, True], [True, True]]
 
 
 def test_bad_arguments():

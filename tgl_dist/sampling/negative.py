@@ -111,6 +111,22 @@ class NegativeSampling:
         return f"NegativeSampling(mode={self.mode!r}, strategy={self.strategy!r}, num_neg={self.num_neg})"
 
 
+def _repeats(neg: Tensor, priority: Optional[Tensor] = None) -> Tensor:
+    """``[k, B]`` bool: entry ``(j, i)`` repeats an id of its column ``i`` held by an entry
+    of lower ``priority`` (default: the row number ``j``; ties keep the lower ``j``)."""
+    if neg.size(0) < 2:
+        return torch.zeros_like(neg, dtype=torch.bool)
+    order = torch.arange(neg.size(0), device=neg.device).view(-1, 1).expand_as(neg)
+    if priority is not None:                               # first by priority, then by id
+        order = torch.sort(priority, dim=0, stable=True).indices
+    srt, o2 = torch.sort(neg.gather(0, order), dim=0, stable=True)
+    later = torch.zeros_like(neg, dtype=torch.bool)
+    later[1:] = srt[1:] == srt[:-1]                        # all but the first of equal ids
+    out = torch.empty_like(later)
+    out.scatter_(0, order.gather(0, o2), later)
+    return out
+
+
 class BoundNegatives:
     """A :class:`NegativeSampling` bound to one split's stream (built by the loader)."""
 
@@ -134,9 +150,12 @@ class BoundNegatives:
         """Negative destinations ``[k, B]`` (j-major) for events ``eid`` ``[B]``.
 
         Draw ``j`` of event ``e`` is ``pool[hash(key, e, j) mod |pool|]``. With ``avoid
-        [B]`` (evaluation: each event's true destination, which TGB's generator filters
-        out) a draw equal to it is drawn again with counter ``j + r k`` (r = 1, 2, ...,
-        at most :data:`REDRAWS` times; it stays only when the pool holds nothing else).
+        [B]`` (evaluation: TGB's generator draws each event's candidates without
+        replacement and filters out its true destination) a draw equal to ``avoid`` or to
+        an earlier draw ``j' < j`` of the same event is drawn again with counter
+        ``j + r k`` (r = 1, 2, ..., at most :data:`REDRAWS` times; a draw equal to the
+        positive stays only when the pool holds nothing else; repeats stay when the pool
+        holds at most ``k`` ids).
         """
         k = self.cfg.num_neg
         if self.pool.numel() == 0:
@@ -151,12 +170,22 @@ class BoundNegatives:
             neg = self.pool[uniform_below(h, torch.tensor(n))]
         if avoid is None or n < 2:
             return neg
+        # repeats can all go only when the pool holds k ids besides the positive; the
+        # positive always goes (redrawing repeats in vain could land on it again)
+        distinct = n > k
+        rounds = torch.zeros_like(neg) if distinct else None   # times each entry was redrawn
+        rows = torch.arange(k, device=neg.device).view(k, 1)
         for r in range(1, REDRAWS + 1):
-            j, i = (neg == avoid.view(1, -1)).nonzero(as_tuple=True)
+            bad = neg == avoid.view(1, -1)
+            if distinct:   # a redrawn entry yields to one drawn fewer times, then to lower j
+                bad |= _repeats(neg, rounds * k + rows)
+            j, i = bad.nonzero(as_tuple=True)
             if j.numel() == 0:
                 break
             h = hash_keys(key, eid[i], j + r * k)
             neg[j, i] = self.pool[uniform_below(h, torch.tensor(n))]
+            if distinct:
+                rounds[j, i] += 1
         return neg
 
     # ------------------------------------------------------- historical pairs
