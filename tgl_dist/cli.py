@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
 from tgl_dist.checkpoint.manager import CheckpointError
@@ -31,6 +33,58 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _number(text: str, kind, what: str, ok: Callable[[Any], bool]):
+    try:
+        v = kind(text)
+    except ValueError:
+        v = None
+    if v is None or (kind is float and not math.isfinite(v)) or not ok(v):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1 (else ``error: argument --x: expected ...``)."""
+    return _number(text, int, "a positive integer", lambda v: v >= 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 0."""
+    return _number(text, int, "a non-negative integer", lambda v: v >= 0)
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=``: a finite number > 0 (``nan``, ``inf`` are refused)."""
+    return _number(text, float, "a positive finite number", lambda v: v > 0)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse ``type=``: a finite number >= 0."""
+    return _number(text, float, "a non-negative finite number", lambda v: v >= 0)
+
+
+def folder_path(text: str) -> str:
+    """argparse ``type=``: a folder to read or create; refused when it, or the nearest of
+    its parents that exists, is a file (creating it would fail)."""
+    path = Path(text)
+    for q in (path, *path.parents):
+        if q.exists():
+            if not q.is_dir():
+                raise argparse.ArgumentTypeError(
+                    f"{q} is not a folder" + ("" if q == path else f" (in {text})"))
+            break
+    return text
+
+
+def file_path(text: str) -> str:
+    """argparse ``type=``: a file to write; refused when it is a folder, or a parent of it
+    is a file."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, expected a file name")
+    folder_path(str(Path(text).parent))
+    return text
+
+
 def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps") -> None:
     """The options every training script shares: ``--device``, ``--backend``,
     ``--timeout`` and the checkpoint ones (``--checkpoint-dir``, ``--checkpoint-every``,
@@ -42,14 +96,14 @@ def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps") 
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="collective backend between processes (default: nccl on GPUs, "
                         "gloo on CPUs)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+    p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT,
                    help="seconds a collective waits for a peer; a dead or stuck rank makes the "
                         "others fail with PeerFailureError after at most this long")
-    p.add_argument("--checkpoint-dir", default=None, help="write versioned checkpoints here")
+    p.add_argument("--checkpoint-dir", type=folder_path, default=None, help="write versioned checkpoints here")
     p.add_argument("--checkpoint-every", default="1e",
                    help=f"N (or Ns): every N {step}, counted over the run; Ne: every N epochs. "
                         "One is always written after the last epoch")
-    p.add_argument("--checkpoint-keep-every", type=int, default=0,
+    p.add_argument("--checkpoint-keep-every", type=non_negative_int, default=0,
                    help="also keep a snapshot every N epochs: the last checkpoint version at or "
                         "before epochs N, 2N, ... (default 0: only the latest)")
     p.add_argument("--resume", action="store_true",

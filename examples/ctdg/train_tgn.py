@@ -53,8 +53,9 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 
 from tgl_dist.checkpoint import (RunCheckpoint, capture,  # noqa: E402
                                  config_dict, partition_identity, restore)
-from tgl_dist.cli import (HelpFormatter, add_run_arguments, init_context,  # noqa: E402
-                          parse_run_arguments, run_script)
+from tgl_dist.cli import (HelpFormatter, add_run_arguments, file_path,  # noqa: E402
+                          folder_path, init_context, non_negative_int, parse_run_arguments,
+                          positive_int, run_script)
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
 from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None, help="folder of the named datasets (default: "
                    "$TGL_DIST_DATASETS, else ~/.cache/tgl_dist/datasets)")
     p.add_argument("--config", default=str(REPO / "configs" / "TGN.yml"), help="TGL-style YAML config")
-    p.add_argument("--parts", default="parts", help="partition root (OUT of python -m tgl_dist.partition)")
+    p.add_argument("--parts", type=folder_path, default="parts", help="partition root (OUT of python -m tgl_dist.partition)")
     p.add_argument("--partition-algo", default="metis_for_tgnn", help="partitioner used on first use")
     p.add_argument("--repartition", action="store_true", help="partition again even if a partition exists")
     p.add_argument("--epochs", type=int, default=None, help="override train.epoch")
@@ -88,16 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of parameters and negatives")
     p.add_argument("--patience", type=int, default=None,
                    help="early stopping on validation AP (override train.patience, default 5)")
-    p.add_argument("--eval-neg", type=int, default=9, help="negatives per positive for MRR (val/test)")
+    p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test)")
     p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
                    help="replicated T-CSR or per-owner sampling requests")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per process")
-    p.add_argument("--queue-size", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads per process")
+    p.add_argument("--queue-size", type=non_negative_int, default=None,
                    help="steps the loader samples ahead in a background thread (default: 0 "
                         "when a process has <= 2 cores, where the thread only competes with "
                         "the model's threads: TGN on wikipedia, 2 cores, 16,600-16,800 "
                         "training events/s without it, 14,550 with 2; else 4)")
-    p.add_argument("--metrics-csv", default=None, help="per-epoch CSV (default: <parts>/<data>/metrics_<model>_<P>.csv)")
+    p.add_argument("--metrics-csv", type=file_path, default=None, help="per-epoch CSV (default: <parts>/<data>/metrics_<model>_<P>.csv)")
     p.add_argument("--num-nodes", type=int, default=None, help="synthetic: nodes")
     p.add_argument("--num-events", type=int, default=None, help="synthetic: events")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
@@ -131,7 +132,7 @@ def ensure_partition(args, ctx) -> Path:
                 log.info("partitioning %s into %d parts with %s", g.name, ctx.world_size,
                          args.partition_algo)
                 partition_graph(g, ctx.world_size, args.partition_algo, args.parts, force=True)
-        except (TGLDistError, ValueError, FileNotFoundError) as e:
+        except (TGLDistError, ValueError, OSError) as e:   # OSError: --parts not writable
             err = f"{type(e).__name__}: {e}"
     folder, err = broadcast_object((folder, err))
     if err:
@@ -185,7 +186,7 @@ def main(argv=None) -> dict:
     cores = max(1, (os.cpu_count() or 1) // ctx.world_size)
     queue_size = args.queue_size if args.queue_size is not None else (0 if cores <= 2 else 4)
     train_neg = NegativeSampling("triplet", "random", 1, seed=args.seed)
-    eval_neg = NegativeSampling("triplet", "random", max(1, args.eval_neg), seed=args.seed)
+    eval_neg = NegativeSampling("triplet", "random", args.eval_neg, seed=args.seed)
     loaders = {
         split: DistributedDataLoader(graph, split, sampler=sampler,
                                      neg_sampler=train_neg if split == "train" else eval_neg,
@@ -235,8 +236,12 @@ def main(argv=None) -> dict:
     def csv_row(row):
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
     if ctx.rank == 0:
-        csv_path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(csv_path, "w", newline="")
+        try:
+            csv_path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(csv_path, "w", newline="")
+        except OSError as e:
+            raise SystemExit(f"error: --metrics-csv {csv_path}: cannot be written "
+                             f"({e.strerror or e})") from None
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         for row in history:  # a resumed run rewrites the epochs it restored

@@ -18,17 +18,29 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist.checkpoint import RunCheckpoint, partition_identity  # noqa: E402
-from tgl_dist.cli import (HelpFormatter, add_run_arguments, init_context,  # noqa: E402
-                          parse_run_arguments, run_script)
+from tgl_dist.cli import (HelpFormatter, add_run_arguments, folder_path,  # noqa: E402
+                          init_context, non_negative_float, non_negative_int,
+                          parse_run_arguments, positive_float, positive_int, run_script)
 from tgl_dist.data.registry import default_root  # noqa: E402
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
+from tgl_dist.dtdg.build import canonical_name  # noqa: E402
 from tgl_dist.dtdg.partition import partition_path  # noqa: E402
 from tgl_dist.partition.storage import read_manifest, written_from  # noqa: E402
 
 log = logging.getLogger("dtdg_example")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def model_name(text: str) -> str:
+    """argparse ``type=`` of ``--model``: a known model name or alias (kept as given)."""
+    try:
+        canonical_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epochs: int,
@@ -39,29 +51,30 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
                    "or a CTDG dataset binned by --span")
     p.add_argument("--root", default=None, help="folder of the named datasets (default: "
                    "$TGL_DIST_DATASETS, else ~/.cache/tgl_dist/datasets)")
-    p.add_argument("--parts", default="parts",
+    p.add_argument("--parts", type=folder_path, default="parts",
                    help="partitions folder; written on first use, again when the data changed")
-    p.add_argument("--model", default=model, help=f"one of {model_names()}")
-    p.add_argument("--hidden-dim", type=int, default=32, help="hidden size of the snapshot model")
-    p.add_argument("--num-layers", type=int, default=2, help="GNN layers per snapshot")
-    p.add_argument("--node-embedding", type=int, default=0, metavar="DIM",
+    p.add_argument("--model", type=model_name, default=model, help=f"one of {model_names()}")
+    p.add_argument("--hidden-dim", type=positive_int, default=32, help="hidden size of the snapshot model")
+    p.add_argument("--num-layers", type=positive_int, default=2, help="GNN layers per snapshot")
+    p.add_argument("--node-embedding", type=non_negative_int, default=0, metavar="DIM",
                    help="learnable per-node input of size DIM appended to the features "
                         "(a sharded DistEmbedding trained by SparseAdam; 0 = none)")
-    p.add_argument("--hist-len", type=int, default=hist_len, help="history snapshots per window")
-    p.add_argument("--epochs", type=int, default=epochs, help="training epochs")
-    p.add_argument("--patience", type=int, default=10,
+    p.add_argument("--hist-len", type=positive_int, default=hist_len, help="history snapshots per window")
+    p.add_argument("--epochs", type=positive_int, default=epochs, help="training epochs")
+    p.add_argument("--patience", type=positive_int, default=10,
                    help="early stopping: epochs without a better validation (dev) metric")
-    p.add_argument("--lr", type=float, default=lr, help="learning rate (Adam)")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="Adam weight decay")
+    p.add_argument("--lr", type=positive_float, default=lr, help="learning rate (Adam)")
+    p.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="Adam weight decay")
     p.add_argument("--seed", type=int, default=0, help="random seed (parameters, partitioning, sampling)")
     p.add_argument("--algo", default="metis", help="partitioning algorithm (random | metis)")
-    p.add_argument("--num-parts", type=int, default=None, help="must equal the world size (default: it)")
-    p.add_argument("--lags", type=int, default=lags, help="PGT node-signal files: features = this many past values")
+    p.add_argument("--num-parts", type=positive_int, default=None, help="must equal the world size (default: it)")
+    p.add_argument("--lags", type=positive_int, default=lags, help="PGT node-signal files: features = this many past values")
     p.add_argument("--span", default="month", help="CTDG datasets: snapshot span (seconds, day, week, month)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads per process")
     p.add_argument("--dtype", default=dtype, choices=["float32", "float64"],
                    help="parameter / compute precision")
-    p.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, ...)")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="WARNING",
+                   help="logging level")
     add_run_arguments(p, "training windows (optimiser steps)")
     return p
 
@@ -70,7 +83,7 @@ def _prepare(args, ctx, task: str):
     """Rank 0 loads the data and (re)writes the partition if missing or stale; all ranks load their part."""
     num_parts = args.num_parts or ctx.world_size
     if num_parts != ctx.world_size:
-        raise SystemExit(f"--num-parts {num_parts} but the world size is {ctx.world_size}")
+        raise SystemExit(f"error: --num-parts {num_parts} but the world size is {ctx.world_size}")
     info, err = None, None
     if ctx.rank == 0:
         try:
@@ -85,7 +98,7 @@ def _prepare(args, ctx, task: str):
             if not written_from(path, g.fingerprint()):
                 g.save_partition(args.parts, num_parts, args.algo, seed=args.seed, force=True)
             info = {"path": str(path), "name": g.meta()["name"]}
-        except (TGLDistError, ValueError, FileNotFoundError) as e:
+        except (TGLDistError, ValueError, OSError) as e:   # OSError: --parts not writable
             err = str(e)   # every rank stops with it (the others wait for rank 0)
     info, err = broadcast_object((info, err), 0, ctx.get_default_group())
     if err:
@@ -144,7 +157,10 @@ def _run(doc: str, task: str, **defaults) -> dict:
     model, head = model.to(ctx.device), head.to(ctx.device)
     if args.dtype == "float64":
         model, head = model.double(), head.double()
-    splitter = Splitter.from_graph(graph, hist_len=args.hist_len, task=task)
+    try:
+        splitter = Splitter.from_graph(graph, hist_len=args.hist_len, task=task)
+    except ValueError as e:   # too few snapshots for --hist-len: the same on every rank
+        raise SystemExit(f"error: --hist-len {args.hist_len}: {e}") from None
     trainer = Trainer(model, head, splitter, lr=args.lr, weight_decay=args.weight_decay,
                       epochs=args.epochs, patience=args.patience, progress=True)
     ck = _checkpointing(args, ctx, trainer, info, every)

@@ -212,3 +212,51 @@ def test_refuses_corrupt_manifest_and_missing_or_truncated_dense(tmp_path):
     (ck / "VERSION").write_text("garbage")
     with pytest.raises(CheckpointError, match="expected a version number"):
         CheckpointManager(ck).load()
+
+
+@pytest.mark.parametrize("field", ["world_size", "files", "run_meta", "meta"])
+def test_hand_edited_manifest_without_a_field_names_it(tmp_path, field):
+    ck = tmp_path / "ck"
+    CheckpointManager(ck).save({"w": torch.ones(3)}, {"m": torch.ones(2)}, {"epoch": 1})
+    mpath = ck / "v000001" / "manifest_0.json"
+    m = json.loads(mpath.read_text())
+    del m[field]
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match=f"manifest_0.json: corrupt manifest "
+                                              f"\\(missing field '{field}'\\)"):
+        CheckpointManager(ck).load()
+    m[field] = "two"
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match=f"field '{field}': expected an"):
+        CheckpointManager(ck).load()
+
+
+def test_hand_edited_files_entry_and_unreadable_file(tmp_path):
+    from tgl_dist.partition.storage import sha256_file
+    ck = tmp_path / "ck"
+    CheckpointManager(ck).save({"w": torch.ones(3)}, {"m": torch.ones(2)}, {"epoch": 1})
+    mpath = ck / "v000001" / "manifest_0.json"
+    m = json.loads(mpath.read_text())
+    good = dict(m["files"]["dense.pt"])
+    del m["files"]["dense.pt"]["sha256"]
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match=r"field 'files.dense.pt': expected"):
+        CheckpointManager(ck).load()
+    dense = ck / "v000001" / "dense.pt"
+    for content in (b"\0" * 512, dense.read_bytes()[:200]):   # zero-filled, truncated
+        dense.write_bytes(content)
+        m["files"]["dense.pt"] = {"sha256": sha256_file(dense), "bytes": len(content)}
+        mpath.write_text(json.dumps(m))
+        with pytest.raises(CheckpointError, match="dense.pt: corrupt or truncated") as e:
+            CheckpointManager(ck).load()
+        assert "trusted" not in str(e.value)
+    assert good["bytes"] > 200
+
+
+def test_a_checkpoint_path_that_is_a_file_is_a_checkpoint_error(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(CheckpointError, match="afile: exists and is not a folder"):
+        CheckpointManager(f)
+    with pytest.raises(CheckpointError, match="cannot create the checkpoint folder"):
+        CheckpointManager(f / "ck")

@@ -79,3 +79,57 @@ def test_node_regression_example_torchrun_two_processes(tmp_path, datasets_root)
     for k in ("test_mse", "dev_mse", "baseline_test_mse"):
         assert math.isclose(two[k], one[k], rel_tol=1e-5), (k, one[k], two[k])
     assert (tmp_path / "parts" / "pedalme_london" / "dtdg_random_2" / "manifest.json").is_file()
+
+
+def _common():
+    import importlib.util
+    path = REPO / "examples" / "dtdg" / "_common.py"
+    spec = importlib.util.spec_from_file_location("_dtdg_common_args", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hist-len", "0"], "argument --hist-len: expected a positive integer, got '0'"),
+    (["--hidden-dim", "0"], "argument --hidden-dim: expected a positive integer"),
+    (["--num-layers", "0"], "argument --num-layers: expected a positive integer"),
+    (["--epochs", "0"], "argument --epochs: expected a positive integer, got '0'"),
+    (["--patience", "0"], "argument --patience: expected a positive integer"),
+    (["--lr", "-1"], "argument --lr: expected a positive finite number, got '-1'"),
+    (["--lr", "nan"], "argument --lr: expected a positive finite number, got 'nan'"),
+    (["--weight-decay", "-1"], "argument --weight-decay: expected a non-negative finite number"),
+    (["--weight-decay", "inf"], "argument --weight-decay: expected a non-negative finite number"),
+    (["--model", "foo"], "argument --model: unknown DTDG model 'foo'; known: ['evolvegcn-h'"),
+    (["--node-embedding", "-1"], "argument --node-embedding: expected a non-negative integer"),
+    (["--threads", "0"], "argument --threads: expected a positive integer, got '0'"),
+    (["--threads", "-1"], "argument --threads: expected a positive integer"),
+    (["--num-parts", "0"], "argument --num-parts: expected a positive integer"),
+    (["--log-level", "LOUD"], "argument --log-level: invalid choice: 'LOUD'"),
+])
+def test_bad_arguments_are_usage_errors(argv, message, capsys):
+    from tgl_dist.cli import parse_run_arguments
+    p = _common().build_parser("Train.", "d", "evolvegcn-o", 10, 0.01, 30, 4)
+    with pytest.raises(SystemExit) as e:
+        parse_run_arguments(p, argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_good_arguments_and_aliases_still_parse():
+    from tgl_dist.cli import parse_run_arguments
+    p = _common().build_parser("Train.", "d", "evolvegcn-o", 10, 0.01, 30, 4)
+    args, _ = parse_run_arguments(p, ["--model", "egcn_o", "--log-level", "info",
+                                      "--weight-decay", "0", "--node-embedding", "0"])
+    assert (args.model, args.log_level, args.weight_decay) == ("egcn_o", "INFO", 0.0)
+
+
+def test_a_hist_len_longer_than_the_data_is_an_error_not_a_trace(tmp_path):
+    data = _tiny_json(tmp_path / "tiny.json")
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "dtdg" / "train_link_pred.py"),
+                          "--data", str(data), "--hist-len", "100000", "--algo", "random",
+                          "--parts", str(tmp_path / "parts"), "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "error: --hist-len 100000: " in out.stderr and "lower hist_len" in out.stderr

@@ -2,6 +2,7 @@
 import argparse
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 
 from tgl_dist.checkpoint import CheckpointError
 from tgl_dist.errors import DataFormatError
-from tgl_dist.cli import HelpFormatter, add_run_arguments, parse_run_arguments, run_script
+from tgl_dist.cli import (HelpFormatter, add_run_arguments, file_path, folder_path,
+                          non_negative_float, non_negative_int, parse_run_arguments,
+                          positive_float, positive_int, run_script)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,3 +105,64 @@ def test_run_script_ends_a_checkpoint_error_without_a_stack_trace():
     assert str(e.value.code).startswith("error: d.csv") and "line 3" in str(e.value.code)
     with pytest.raises(KeyError):   # anything else is not caught
         run_script(lambda: {}["x"])
+
+
+@pytest.mark.parametrize("check, text, ok", [
+    (positive_int, "3", 3), (positive_int, "0", None), (positive_int, "-1", None),
+    (positive_int, "x", None), (non_negative_int, "0", 0), (non_negative_int, "-3", None),
+    (positive_float, "1e-3", 1e-3), (positive_float, "nan", None), (positive_float, "inf", None),
+    (positive_float, "0", None), (non_negative_float, "0", 0.0), (non_negative_float, "-1", None),
+    (non_negative_float, "-inf", None),
+])
+def test_number_validators(check, text, ok):
+    if ok is None:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"expected .*, got '{text}'"):
+            check(text)
+    else:
+        assert check(text) == ok
+
+
+def test_path_validators(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert folder_path(str(tmp_path / "new" / "deeper")) == str(tmp_path / "new" / "deeper")
+    with pytest.raises(argparse.ArgumentTypeError, match="afile is not a folder$"):
+        folder_path(str(f))
+    with pytest.raises(argparse.ArgumentTypeError, match=r"afile is not a folder \(in .*afile/x\)"):
+        folder_path(str(f / "x"))
+    assert file_path(str(tmp_path / "m.csv")) == str(tmp_path / "m.csv")
+    with pytest.raises(argparse.ArgumentTypeError, match="is a folder, expected a file name"):
+        file_path(str(tmp_path))
+    with pytest.raises(argparse.ArgumentTypeError, match="afile is not a folder"):
+        file_path(str(f / "m.csv"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--eval-neg", "-3"], "argument --eval-neg: expected a positive integer, got '-3'"),
+    (["--eval-neg", "0"], "argument --eval-neg: expected a positive integer"),
+    (["--threads", "0"], "argument --threads: expected a positive integer, got '0'"),
+    (["--threads", "-1"], "argument --threads: expected a positive integer, got '-1'"),
+    (["--queue-size", "-1"], "argument --queue-size: expected a non-negative integer"),
+    (["--timeout", "nan"], "argument --timeout: expected a positive finite number, got 'nan'"),
+    (["--parts", "{file}"], "argument --parts: {file} is not a folder"),
+    (["--checkpoint-dir", "{file}"], "argument --checkpoint-dir: {file} is not a folder"),
+    (["--metrics-csv", "{dir}"], "argument --metrics-csv: {dir} is a folder, expected a file name"),
+])
+def test_train_tgn_rejects_bad_arguments(argv, message, tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    fill = {"file": str(f), "dir": str(tmp_path)}
+    mod = _load(REPO / "examples" / "ctdg" / "train_tgn.py", "_args_train_tgn")
+    with pytest.raises(SystemExit) as e:
+        parse_run_arguments(mod.build_parser(), [a.format(**fill) for a in argv])
+    assert e.value.code == 2
+    assert message.format(**fill) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lr", ["nan", "inf"])
+def test_train_tgn_refuses_a_non_finite_lr_without_a_trace(lr, tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "ctdg" / "train_tgn.py"),
+                          "--lr", lr, "--device", "cpu", "--parts", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"error: --lr {lr}: train.lr: expected a positive finite number" in out.stderr

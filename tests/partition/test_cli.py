@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tgl_dist.partition import partition_load
 from tgl_dist.partition.__main__ import main
 
@@ -64,3 +66,29 @@ def test_missing_dataset_is_an_error(tmp_path, capsys):
     assert main(["--data", str(tmp_path / "nope.csv"), "--num-parts", "2", "--out", str(tmp_path / "o")]) == 2
     assert "nope.csv" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_out_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    for out in (f, f / "sub"):
+        with pytest.raises(SystemExit) as e:
+            main(["--data", "synthetic", "--num-parts", "2", "--out", str(out)])
+        assert e.value.code == 2
+        assert f"argument --out: {f} is not a folder" in capsys.readouterr().err
+
+
+def test_an_unwritable_output_is_an_error_not_a_trace(tmp_path, capsys, monkeypatch):
+    from tgl_dist.partition import writer
+    args = ["--data", "synthetic", "--num-nodes", "100", "--num-events", "500", "--num-parts", "2",
+            "--algo", "hash", "--out", str(tmp_path), "--quiet"]
+    (tmp_path / "synthetic").write_text("a file where the dataset folder goes")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(tmp_path / "synthetic") in err
+
+    def denied(*a, **k):   # what --out /sys/kernel/x gives
+        raise PermissionError(1, "Operation not permitted", "/sys/kernel/x")
+    monkeypatch.setattr(writer, "partition_graph", denied)
+    assert main(args) == 2
+    assert capsys.readouterr().err == "error: [Errno 1] Operation not permitted: '/sys/kernel/x'\n"

@@ -221,3 +221,58 @@ def test_part_without_events(tmp_path):
     assert p1.num_local_events == 0 and p1.edge_index.shape == (2, 0)
     assert p1.edge_book.num_parts == 2 and p1.edge_book.owned_ids(1).numel() == 0
     assert p1.sample_graph.num_events == 4 and torch.equal(p1.ids, torch.tensor([1, 3, 5]))
+
+
+def test_forced_write_over_a_file_leaves_no_temporary(toy_graph, tmp_path):
+    out = tmp_path / "toy" / "hash_2"
+    out.parent.mkdir()
+    out.write_text("a stray file where the partition goes")
+    path = partition_graph(toy_graph, 2, "hash", tmp_path, force=True)
+    assert path == out and path.is_dir()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["hash_2"]
+    assert partition_load(out.parent, "hash", rank=1, world_size=2).num_parts == 2
+
+
+def _edit_manifest(folder, edit):
+    mpath = folder / "manifest.json"
+    m = json.loads(mpath.read_text())
+    edit(m)
+    mpath.write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(num_parts="two"), "key 'num_parts': expected a positive integer, got 'two'"),
+    (lambda m: m.update(num_parts=True), "key 'num_parts': expected a positive integer"),
+    (lambda m: m.update(num_nodes="40"), "key 'num_nodes': expected a non-negative integer"),
+    (lambda m: m.update(files=[]), "key 'files': expected an object"),
+    (lambda m: m["files"]["book.pt"].pop("sha256"), r"key 'files.book.pt': expected \{\"sha256\""),
+    (lambda m: m["files"]["part_0/nodes.pt"].update(bytes="12"), "key 'files.part_0/nodes.pt'"),
+])
+def test_load_hand_edited_manifest(written, edit, message):
+    _edit_manifest(written, edit)
+    with pytest.raises(PartitionError, match=message) as e:
+        partition_load(written.parent, "metis", rank=0, world_size=2)
+    assert str(e.value).startswith(str(written / "manifest.json"))
+
+
+@pytest.mark.parametrize("content", [b"\0" * 4096, "truncated"], ids=["zero-filled", "truncated"])
+def test_load_unreadable_file_with_a_matching_checksum_says_corrupt(written, content):
+    from tgl_dist.partition.storage import sha256_file
+    f = written / "part_0" / "events.pt"
+    f.write_bytes(content if isinstance(content, bytes) else f.read_bytes()[:300])
+    _edit_manifest(written, lambda m: m["files"]["part_0/events.pt"].update(
+        sha256=sha256_file(f), bytes=f.stat().st_size))
+    with pytest.raises(PartitionError, match="events.pt: corrupt or truncated") as e:
+        partition_load(written.parent, "metis", rank=0, world_size=2)
+    assert "trusted" not in str(e.value) and "weights_only" not in str(e.value)
+
+
+def test_load_refused_class_is_named_not_called_corrupt(written):
+    import fractions
+    from tgl_dist.partition.storage import sha256_file
+    f = written / "part_0" / "events.pt"
+    torch.save({"x": fractions.Fraction(1, 2)}, f)
+    _edit_manifest(written, lambda m: m["files"]["part_0/events.pt"].update(
+        sha256=sha256_file(f), bytes=f.stat().st_size))
+    with pytest.raises(PartitionError, match="holds fractions.Fraction, which safe loading refuses"):
+        partition_load(written.parent, "metis", rank=0, world_size=2)

@@ -34,7 +34,7 @@ import torch
 
 from tgl_dist.dist.exchange import barrier, broadcast_object, world
 from tgl_dist.errors import TGLDistError
-from tgl_dist.partition.storage import fsync_dir, sha256_file
+from tgl_dist.partition.storage import fsync_dir, sha256_file, unreadable_reason
 
 FORMAT_VERSION = 1
 _VDIR = re.compile(r"^v(\d{6})$")
@@ -118,7 +118,13 @@ class CheckpointManager:
         self.group = group
         self.rank, self.world_size = world(group)
         if self.rank == 0:
-            self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:
+                raise CheckpointError(f"{self.path}: exists and is not a folder") from None
+            except OSError as e:
+                raise CheckpointError(f"{self.path}: cannot create the checkpoint folder "
+                                      f"({e.strerror or e})") from None
         barrier(group)
 
     # ------------------------------------------------------------------ query
@@ -257,9 +263,23 @@ class CheckpointManager:
             m = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{p}: corrupt manifest (line {e.lineno}: {e.msg})") from None
+        if not isinstance(m, dict):
+            raise CheckpointError(f"{p}: corrupt manifest (expected a JSON object)")
         if m.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(f"{p}: format_version {m.get('format_version')} is not "
                                   f"supported (this tgl_dist reads {FORMAT_VERSION})")
+        for key, kind, what in (("world_size", int, "an integer"), ("run_meta", dict, "an object"),
+                                ("meta", dict, "an object"), ("files", dict, "an object")):
+            if key not in m:
+                raise CheckpointError(f"{p}: corrupt manifest (missing field '{key}')")
+            if not isinstance(m[key], kind) or isinstance(m[key], bool):
+                raise CheckpointError(f"{p}: corrupt manifest (field '{key}': expected {what}, "
+                                      f"got {m[key]!r:.40})")
+        for name, info in m["files"].items():
+            if not (isinstance(info, dict) and isinstance(info.get("sha256"), str)
+                    and isinstance(info.get("bytes"), int) and not isinstance(info["bytes"], bool)):
+                raise CheckpointError(f"{p}: corrupt manifest (field 'files.{name}': expected "
+                                      f"{{\"sha256\": str, \"bytes\": int}}, got {info!r:.60})")
         return m
 
     @staticmethod
@@ -274,4 +294,7 @@ class CheckpointManager:
                                   f"{info['bytes']})")
         if sha256_file(p) != info["sha256"]:
             raise CheckpointError(f"{p}: corrupt (checksum mismatch)")
-        return torch.load(p, map_location=map_location, weights_only=False)
+        try:
+            return torch.load(p, map_location=map_location, weights_only=False)
+        except Exception as e:   # the checksum matched a file that is not a torch.save
+            raise CheckpointError(f"{p}: {unreadable_reason(p, e)}") from None

@@ -18,6 +18,8 @@ TGL wraps each section in a one-element list; a plain mapping is accepted too.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
@@ -65,13 +67,18 @@ def _prob(v):
 
 
 def _pos_num(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-        return f"expected a positive number, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+        return f"expected a positive finite number, got {v!r}"
 
 
 def _nonneg_num(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        return f"expected a non-negative number, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        return f"expected a non-negative finite number, got {v!r}"
+
+
+# a number as YAML 1.2 writes it; PyYAML (YAML 1.1) reads 1e-4 and 1.0e4 as strings
+_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+_NUMERIC_TYPES = ("int", "float", "Optional[float]")
 
 
 def _fanouts(v):
@@ -201,6 +208,7 @@ class ModelConfig:
 
 _SECTIONS = {"sampling": SamplingConfig, "memory": MemoryConfig, "gnn": GNNConfig,
              "train": TrainConfig, "node_embedding": NodeEmbeddingConfig}
+_REQUIRED = ("sampling", "memory", "gnn", "train")
 
 
 def _section(cls, raw: Any, name: str, source: Optional[str]):
@@ -219,6 +227,8 @@ def _section(cls, raw: Any, name: str, source: Optional[str]):
         if key not in known:
             raise ConfigError(f"{name}.{key}", f"unknown field; known: {sorted(known)}", source)
         f = known[key]
+        if isinstance(val, str) and f.type in _NUMERIC_TYPES and _NUMBER.fullmatch(val.strip()):
+            val = float(val)      # lr: 1e-4 (TGL and DyGLib configs write it so)
         if isinstance(val, float) and f.type in ("int",) and val.is_integer():
             val = int(val)
         if isinstance(val, int) and not isinstance(val, bool) and f.type == "float":
@@ -239,6 +249,11 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
     for key in raw:
         if key not in _SECTIONS:
             raise ConfigError(str(key), f"unknown section; known: {list(_SECTIONS)}", source)
+    missing = [k for k in _REQUIRED if k not in raw]
+    if missing:
+        raise ConfigError("<root>", f"missing section{'s' * (len(missing) > 1)} "
+                                    f"{', '.join(missing)}: a config needs {', '.join(_REQUIRED)} "
+                                    f"(node_embedding is optional)", source)
     secs = {k: _section(cls, raw.get(k), k, source) for k, cls in _SECTIONS.items()}
     mem, gnn, smp = secs["memory"], secs["gnn"], secs["sampling"]
     if mem.type == "node":
@@ -291,6 +306,13 @@ def load_config(path: Union[str, Path]) -> ModelConfig:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError("<file>", "config file not found", str(path)) from None
+    except IsADirectoryError:
+        raise ConfigError("<file>", "is a folder, expected a YAML config file", str(path)) from None
+    except OSError as e:
+        raise ConfigError("<file>", f"cannot be read ({e.strerror or e})", str(path)) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError("<file>", f"not a text file (byte {e.start} is not UTF-8); expected a "
+                                    f"YAML config", str(path)) from None
     except yaml.YAMLError as e:
         raise ConfigError("<yaml>", f"not valid YAML ({e})", str(path)) from None
     return parse_config(raw, name=path.stem, source=str(path))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from tgl_dist.cli import folder_path
 from tgl_dist.errors import TGLDistError
 from tgl_dist.partition.registry import available_partitioners, get_partitioner
 
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algo", default="metis_for_tgnn",
                    help=f"partitioning algorithm: {', '.join(available_partitioners())} "
                         f"(default: metis_for_tgnn)")
-    p.add_argument("--out", default="parts", help="output root (default: ./parts)")
+    p.add_argument("--out", type=folder_path, default="parts", help="output root (default: ./parts)")
     p.add_argument("--name", default=None, help="dataset folder name under OUT (default: the dataset's name)")
     p.add_argument("--force", action="store_true", help="overwrite an existing partition")
     p.add_argument("--seed", type=int, default=0, help="seed of the algorithm (default: 0)")
@@ -86,7 +87,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         load_s = time.perf_counter() - t0
         path = partition_graph(graph, args.num_parts, args.algo, args.out, force=args.force,
                                seed=args.seed, name=args.name, progress=not args.quiet)
-    except (TGLDistError, ValueError, FileExistsError, FileNotFoundError) as e:
+    except (TGLDistError, ValueError, OSError) as e:   # OSError: --out not writable
         print(f"error: {e}", file=sys.stderr)
         return 2
     manifest = json.loads((Path(path) / "manifest.json").read_text())

@@ -16,7 +16,8 @@ from torch import Tensor
 
 from tgl_dist.dist import PartitionBook, world
 from tgl_dist.errors import PartitionError
-from tgl_dist.partition.storage import MANIFEST, existing_folder, read_manifest, verify_files
+from tgl_dist.partition.storage import (MANIFEST, check_manifest_ints, existing_folder,
+                                        read_manifest, unreadable_reason, verify_files)
 
 OptTensor = Optional[Tensor]
 MASK_NAMES = ("train", "val", "test", "inductive_train", "new_node_val", "new_node_test")
@@ -127,7 +128,7 @@ def _load(path: Path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # checksum matched but the payload is unreadable
-        raise PartitionError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+        raise PartitionError(f"{path}: {unreadable_reason(path, e)}") from None
 
 
 def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None,
@@ -172,6 +173,7 @@ def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None
     for key in ("name", "num_nodes", "num_events"):
         if key not in manifest:
             raise PartitionError(f"{folder / MANIFEST}: missing key '{key}'")
+    check_manifest_ints(folder / MANIFEST, manifest, ("num_nodes", "num_events"))
     part = f"part_{rank}/"
     needed = ["book.pt"] + [part + f for f in ("nodes.pt", "events.pt", "sample_graph.pt")]
     missing = [f for f in needed if f not in manifest["files"]]

@@ -17,7 +17,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator
@@ -61,6 +63,17 @@ def save_tensors(path: Path, obj) -> None:
         os.fsync(f.fileno())
 
 
+def _remove(path: Path) -> None:
+    """Remove a folder tree, or a file or link (best effort: errors are ignored)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
 @contextmanager
 def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces ``out`` atomically.
@@ -73,16 +86,16 @@ def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
         raise FileExistsError(f"{out} already exists; pass force=True (--force) to overwrite it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    if tmp.exists() or tmp.is_symlink():
+        _remove(tmp)
     tmp.mkdir()
     try:
         yield tmp
         fsync_dir(tmp)
         if not out.exists():
             os.replace(tmp, out)
-        elif _exchange(tmp, out):          # out: the new version; tmp: the old one
-            shutil.rmtree(tmp, ignore_errors=True)
+        elif _exchange(tmp, out):          # out: the new version; tmp: the old one (or a file)
+            _remove(tmp)
         else:
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
@@ -91,10 +104,10 @@ def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
             except BaseException:
                 os.replace(old, out)       # the previous version back in place
                 raise
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
         fsync_dir(out.parent)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         raise
     _drop_leftovers(out)
 
@@ -132,7 +145,7 @@ def _drop_leftovers(out: Path) -> None:
     for p in out.parent.glob(f".{out.name}.*-*"):
         kind, _, pid = p.name[len(out.name) + 2:].partition("-")
         if kind in ("tmp", "old") and pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
+            _remove(p)
 
 
 def existing_folder(out: Path) -> Path:
@@ -175,6 +188,8 @@ def read_manifest(folder: Path) -> Dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise PartitionError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
+    if not isinstance(manifest, dict):
+        raise PartitionError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
     for key in ("format_version", "files", "num_parts"):
         if key not in manifest:
             raise PartitionError(f"{path}: missing key '{key}'")
@@ -182,7 +197,50 @@ def read_manifest(folder: Path) -> Dict:
         raise PartitionError(f"{path}: format_version {manifest['format_version']} is not "
                              f"supported (this tgl_dist reads version {FORMAT_VERSION}); "
                              f"re-run the partitioner")
+    check_manifest_ints(path, manifest, ("num_parts",))
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise PartitionError(f"{path}: key 'files': expected an object (path -> sha256, bytes), "
+                             f"got {files!r:.60}")
+    for rel, info in files.items():
+        if not (isinstance(info, dict) and isinstance(info.get("sha256"), str)
+                and _is_int(info.get("bytes")) and info["bytes"] >= 0):
+            raise PartitionError(f"{path}: key 'files.{rel}': expected {{\"sha256\": str, "
+                                 f"\"bytes\": int}}, got {info!r:.80}; re-run the partitioner")
     return manifest
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_manifest_ints(path: Path, manifest: Dict, keys) -> None:
+    """:class:`PartitionError` naming ``path`` and the key unless every one of ``keys`` is
+    an integer (``num_parts`` >= 1, the others >= 0)."""
+    for key in keys:
+        v = manifest.get(key)
+        if not _is_int(v) or v < (1 if key == "num_parts" else 0):
+            low = "a positive" if key == "num_parts" else "a non-negative"
+            raise PartitionError(f"{path}: key '{key}': expected {low} integer, got {v!r:.40}")
+
+
+def unreadable_reason(path: Path, exc: BaseException) -> str:
+    """Why ``torch.load(path)`` failed, in words: a class that safe loading refuses, or a
+    corrupt / truncated file (not a zip archive as ``torch.save`` writes), or else the
+    error's first line."""
+    text = str(exc)
+    refused = re.search(r"Unsupported (?:global|class):? (?:GLOBAL )?(\S+)", text)
+    if refused:
+        return f"holds {refused.group(1)}, which safe loading refuses (not written by tgl_dist)"
+    try:
+        whole = zipfile.is_zipfile(path)
+    except OSError:
+        whole = False
+    if not whole:
+        return "corrupt or truncated: not a file that torch.save wrote"
+    detail = text.split("WeightsUnpickler error:")[-1]
+    first = next((ln.strip() for ln in detail.splitlines() if ln.strip()), "")
+    return f"cannot be read ({type(exc).__name__}: {first[:200]})"
 
 
 def written_from(folder: Path, fingerprint: str) -> bool:

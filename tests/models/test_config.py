@@ -1,0 +1,90 @@
+"""Config files: every bad input is a ConfigError naming the file and the field."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tgl_dist.models import ConfigError, load_config, parse_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TGN = (CONFIGS / "TGN.yml").read_text()
+
+
+def _write(tmp_path, text, name="cfg.yml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    assert load_config(path).name == path.stem
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("lr: 0.0001", "lr: .nan", "train.lr"),
+    ("lr: 0.0001", "lr: .inf", "train.lr"),
+    ("duration: 0", "duration: .nan", "sampling.duration"),
+    ("duration: 0", "duration: .inf", "sampling.duration"),
+])
+def test_non_finite_numbers_are_refused(tmp_path, old, new, field):
+    assert old in TGN
+    path = _write(tmp_path, TGN.replace(old, new))
+    with pytest.raises(ConfigError, match="expected a (positive|non-negative) finite number") as e:
+        load_config(path)
+    assert e.value.field_path == field and str(e.value).startswith(str(path))
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config(CONFIGS / "TGN.yml").replace(train={"lr": float("nan")})
+
+
+@pytest.mark.parametrize("drop", [["memory"], ["train"], ["sampling"], ["gnn"], ["memory", "train"]])
+def test_a_missing_section_is_an_error_not_the_defaults(tmp_path, drop):
+    raw = yaml.safe_load(TGN)
+    for k in drop:
+        del raw[k]
+    path = _write(tmp_path, yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: <root>: missing section") and ", ".join(drop) in msg
+    assert "node_embedding is optional" in msg
+
+
+def test_node_embedding_section_is_optional_and_empty_sections_take_defaults():
+    raw = yaml.safe_load(TGN)
+    assert "node_embedding" not in raw and not parse_config(raw).node_embedding.enabled
+    cfg = parse_config({"sampling": None, "memory": {}, "gnn": {"dim_out": 8}, "train": [{}]})
+    assert cfg.train.epoch == 100 and not cfg.has_memory
+    raw["node_embedding"] = {"dim": 8, "lr": "1e-3"}           # Optional[float] too
+    assert parse_config(raw).node_embedding.lr == 1e-3
+
+
+@pytest.mark.parametrize("old, new, field, value", [
+    ("lr: 0.0001", "lr: 1e-4", "lr", 1e-4), ("lr: 0.0001", "lr: 1.0e4", "lr", 1e4),
+    ("lr: 0.0001", "lr: '2E-3'", "lr", 2e-3), ("epoch: 100", "epoch: 1e2", "epoch", 100),
+    ("dropout: 0.2", "dropout: 5e-1", "dropout", 0.5),
+])
+def test_numbers_pyyaml_reads_as_strings_are_numbers(tmp_path, old, new, field, value):
+    path = _write(tmp_path, TGN.replace(old, new))
+    got = getattr(load_config(path).train, field)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("lr: 0.0001", "lr: 1e-4x", "train.lr"), ("lr: 0.0001", "lr: nan", "train.lr"),
+    ("lr: 0.0001", "lr: 1_0e-4", "train.lr"), ("epoch: 100", "epoch: 1.5e0", "train.epoch"),
+])
+def test_other_strings_in_numeric_fields_are_still_refused(tmp_path, old, new, field):
+    path = _write(tmp_path, TGN.replace(old, new))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.field_path == field
+
+
+def test_a_folder_or_binary_file_is_a_config_error(tmp_path):
+    (tmp_path / "dir.yml").mkdir()
+    with pytest.raises(ConfigError, match=r"dir.yml: <file>: is a folder"):
+        load_config(tmp_path / "dir.yml")
+    (tmp_path / "bin.yml").write_bytes(b"\xff\xfe\x00\x01")
+    with pytest.raises(ConfigError, match=r"bin.yml: <file>: not a text file"):
+        load_config(tmp_path / "bin.yml")
