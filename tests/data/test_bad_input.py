@@ -159,7 +159,18 @@ def test_pyg_dict_file_missing_key(tmp_path):
 def test_pyg_not_a_temporaldata(tmp_path):
     p = tmp_path / "x.pt"
     p.write_bytes(b"not a torch file")
-    with pytest.raises(DataFormatError, match="cannot read it"):
+    with pytest.raises(DataFormatError, match="cannot read it") as ei:
+        load_pyg(p)
+    # a corrupt file is called so; trusted=True (which would not help) is not suggested
+    assert "corrupt or truncated" in str(ei.value) and "trusted" not in str(ei.value)
+    torch.save({"src": torch.tensor([0]), "dst": torch.tensor([1]), "t": torch.tensor([1.0])}, p)
+    p.write_bytes(p.read_bytes()[:60])                   # truncated
+    with pytest.raises(DataFormatError, match="corrupt or truncated"):
+        load_pyg(p)
+    import argparse
+    torch.save({"src": torch.tensor([0]), "dst": torch.tensor([1]), "t": torch.tensor([1.0]),
+                "extra": argparse.Namespace(a=1)}, p)     # a class safe loading refuses
+    with pytest.raises(DataFormatError, match="trusted=True"):
         load_pyg(p)
 
 

@@ -152,9 +152,11 @@ def load_pyg(path: PathLike, name: Optional[str] = None, trusted: bool = False) 
         with torch.serialization.safe_globals([TemporalData, GlobalStorage]):
             obj = torch.load(path, map_location="cpu", weights_only=not trusted)
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError) as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise DataFormatError(path, f"cannot read it as a torch.save-d TemporalData ({first}); if you "
-                              "trust the file, pass trusted=True") from None
+        from tgl_dist.partition.storage import unreadable_reason  # (partition imports data)
+        why = unreadable_reason(path, exc)
+        hint = ("; if you trust the file, pass trusted=True" if "safe loading refuses" in why
+                and not trusted else "")
+        raise DataFormatError(path, f"cannot read it as a torch.save-d TemporalData: {why}{hint}") from None
     if isinstance(obj, dict):
         require_keys(obj, ("src", "dst", "t"), path)
     elif not isinstance(obj, TemporalData):
