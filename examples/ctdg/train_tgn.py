@@ -1,6 +1,6 @@
 """Train a memory-based temporal GNN (TGN by default) for link prediction, on 1 or N processes.
 
-    torchrun --nproc_per_node=2 examples/ctdg/train_tgn.py --data wikipedia --root ../shared/datasets
+    torchrun --nproc_per_node=2 examples/ctdg/train_tgn.py --data wikipedia --root "$TGL_DIST_DATASETS"
     python examples/ctdg/train_tgn.py                  # built-in synthetic dataset, world of one
 
 How this differs from the TGN paper and from TGL's ``train.py``:

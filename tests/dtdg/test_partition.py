@@ -80,8 +80,13 @@ def test_save_load_and_refusals(tmp_path):
     f.write_bytes(bytes(data[:100]))
     with pytest.raises(PartitionError, match="truncated"):
         get_graph(one)
-    with pytest.raises(PartitionError, match="not a tgl_dist partition"):
+    with pytest.raises(PartitionError, match="not a tgl_dist partition") as err:
         get_graph(tmp_path / "toy")
+    # the hint names the DTDG writer, not the CTDG command line, which cannot write one
+    assert "GraphData.save_partition" in str(err.value) and "name=" in str(err.value)
+    assert "python -m tgl_dist.partition" not in str(err.value)
+    with pytest.raises(PartitionError, match=r"dtdg_metis_1.*GraphData\.save_partition"):
+        get_graph(tmp_path, name="nothing")
     # a manifest that does not list the rank's file: refused, not loaded unchecked
     m = json.loads((one / "manifest.json").read_text())
     m["files"] = {}

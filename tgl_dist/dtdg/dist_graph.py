@@ -205,6 +205,11 @@ def get_graph(root: Union[str, Path], group=None, name: Optional[str] = None,
     if not (folder / MANIFEST).is_file() and name is not None:
         folder = partition_path(root, name, algorithm, ws)
     folder = existing_folder(folder)
+    if not (folder / MANIFEST).is_file():   # read_manifest's own hint names the CTDG tool
+        where = "" if name is not None else "; or pass the partitions root and name="
+        raise PartitionError(f"{folder / MANIFEST} not found: {folder} is not a tgl_dist partition "
+                             f"(write a DTDG one with GraphData.save_partition(root, num_parts)"
+                             f"{where})")
     manifest = read_manifest(folder)
     if manifest.get("kind") != KIND:
         raise PartitionError(f"{folder}: a {manifest.get('kind', 'CTDG')!r} partition, not a DTDG "

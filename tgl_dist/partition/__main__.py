@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Partition a temporal graph (CTDG) for distributed training. Writes "
                     "OUT/<name>/<algo>_<P>/ (manifest.json, book.pt, part_<r>/...) atomically "
                     "and prints the partition statistics (last line: JSON).",
-        epilog="example: python -m tgl_dist.partition --data wikipedia --root ../shared/datasets "
+        epilog="example: python -m tgl_dist.partition --data wikipedia --root \"$TGL_DIST_DATASETS\" "
                "--num-parts 4 --algo metis_for_tgnn --out parts")
     p.add_argument("--data", required=True,
                    help="dataset name (wikipedia, facebook-wall, synthetic, ...) or a file path")
