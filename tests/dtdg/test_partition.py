@@ -109,3 +109,15 @@ def test_no_partial_partition_on_failure(tmp_path, monkeypatch):
         g.save_partition(tmp_path, 2, "random")
     assert not (tmp_path / "crash" / "dtdg_random_2").exists()
     assert list((tmp_path / "crash").iterdir()) == []
+
+
+def test_fingerprint_sees_values_not_only_shapes():
+    # the examples reuse a partition whose manifest records the data's fingerprint: the
+    # same edges with other signals, targets or weights must not match it
+    a, b = small_graph(name="fp"), small_graph(name="fp")
+    assert a.fingerprint() == b.fingerprint()
+    for store, key in (("node", "y"), ("node", "x"), ("edge", "weight"), ("edge", "time")):
+        c = small_graph(name="fp")
+        t = getattr(c, store)()[key]
+        t.view(-1)[0] += 1
+        assert c.fingerprint() != a.fingerprint(), (store, key)

@@ -144,15 +144,17 @@ class GraphData:
                         None if y is None else y[:, t], self.num_nodes)
 
     def fingerprint(self) -> str:
-        """A short hash of the structure and store shapes; partitions record it."""
+        """A short hash of the structure and of every stored tensor's name, shape, dtype and
+        values; partitions record it, so a partition of other data (same edges, changed
+        signals, targets or weights) is told apart and written again."""
         h = hashlib.sha256()
         h.update(self.edge_index.contiguous().numpy().tobytes())
-        if "time" in self._edge:
-            h.update(self._edge["time"].contiguous().numpy().tobytes())
         h.update(f"{self.num_nodes}/{self.num_snapshots}".encode())
-        for store in (self._node, self._edge):
+        for tag, store in (("node", self._node), ("edge", self._edge)):
             for k in sorted(store):
-                h.update(f"{k}:{tuple(store[k].shape)}:{store[k].dtype}".encode())
+                v = store[k].detach().cpu().contiguous().reshape(-1)
+                h.update(f"{tag}.{k}:{tuple(store[k].shape)}:{v.dtype}".encode())
+                h.update(v.view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:16]
 
     def __repr__(self) -> str:
