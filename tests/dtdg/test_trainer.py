@@ -37,6 +37,64 @@ def test_negatives_are_a_pure_function():
     assert int(a.min()) >= 0 and int(a.max()) < 1000 and a.unique().numel() > 200
 
 
+def test_link_prediction_negatives_are_never_true_edges_or_the_source():
+    # a dense graph: unfiltered, ~1 in 4 draws would be a true edge of the label snapshot
+    g = small_graph(N=12, T=6, E=400, name="dense")
+    graph = DistGraph.from_graph_data(g)
+    task = build_task("link_pred", graph, 4, neg_eval=7)
+    N = graph.num_nodes
+    hits = 0
+    for t in range(1, 6):
+        s = graph.snapshot_slice(t)
+        src = graph.all_ids[graph.edge_index[0, s]]
+        dst = graph.owned_ids[graph.edge_index[1, s]]
+        pos = graph.edge()["pos"][s]
+        raw = hashed_nodes(task.seed, "test", t, -1, pos, 7, N)
+        neg = task._negatives("test", t, -1, pos, 7, src, dst)
+        assert torch.equal(neg, task._negatives("test", t, -1, pos, 7, src, dst))  # pure
+        true = set((src * N + dst).tolist())
+        q = (neg * N + dst.view(-1, 1)).view(-1).tolist()
+        assert not any(x in true for x in q) and not bool((neg == src.view(-1, 1)).any())
+        bad = torch.tensor([x in true for x in (raw * N + dst.view(-1, 1)).view(-1).tolist()])
+        hits += int(bad.sum())
+        keep = ~bad.view(raw.shape) & (raw != src.view(-1, 1))
+        assert torch.equal(neg[keep], raw[keep])       # only the colliding draws change
+    assert hits > 100                                  # the filter had work to do
+
+
+def _empty_rank_worker():
+    from tgl_dist.dtdg.partition import build_parts
+    ctx = DistributedContext.init()
+    parts = build_parts(_one_edge_graph(), torch.tensor([0, 1, 0, 1]))
+    graph = DistGraph(parts[ctx.rank], ctx.get_default_group())
+    torch.manual_seed(0)
+    model = build_model({"model": "gcn", "hidden_dims": [4]}, graph)
+    task = build_task("link_pred", graph, 4)
+    return float(task(model, {"hist_ts": [0, 1], "label_ts": 2}, "train"))
+
+
+def _one_edge_graph():
+    from tgl_dist.dtdg import GraphData
+    # 4 nodes, 3 snapshots; snapshot 2's only edge goes 1 -> 0, owned by rank 0 of 2
+    g = GraphData(torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 0]]), 4)
+    g.edge()["time"] = torch.tensor([0, 0, 1, 1, 2])
+    g.node()["x"] = torch.randn(4, 3, 2, generator=torch.Generator().manual_seed(0))
+    g.meta().update(num_snapshots=3, name="one_edge")
+    return g
+
+
+@pytest.mark.distributed
+def test_link_prediction_on_a_rank_without_label_edges():
+    # rank 1 owns no destination of the label snapshot: it scores nothing (it once failed
+    # on a reshape of 0 rows to [0, k, -1]) and the ranks' losses add up to 1 process's
+    graph = DistGraph.from_graph_data(_one_edge_graph())
+    torch.manual_seed(0)
+    model = build_model({"model": "gcn", "hidden_dims": [4]}, graph)
+    ref = float(build_task("link_pred", graph, 4)(model, {"hist_ts": [0, 1], "label_ts": 2}, "train"))
+    r0, r1 = run_distributed(_empty_rank_worker, 2)
+    assert r1 == 0.0 and abs(r0 + r1 - ref) < 1e-6
+
+
 def _fit(graph, task):
     torch.manual_seed(0)
     model = build_model({"model": "evolvegcn-o", "hidden_dims": [8, 8]}, graph)

@@ -72,3 +72,16 @@ def test_early_stop_patience_direction_and_nan():
     nan = EarlyStopMonitor(patience=2)       # a NaN first is no improvement, not the best
     assert [nan.step(v) for v in (float("nan"), 0.6, 0.7, 0.8)] == [False, False, False, False]
     assert nan.best_epoch == 3 and nan.best == 0.8
+
+
+def test_an_empty_batch_with_k_negatives_is_skipped():
+    # a rank without events in a step updates with [0] scores and [0, k] negatives
+    # (once a reshape of 0 elements to [0, -1]); the figures are those without it
+    from tgl_dist.metrics import LinkPredMetrics
+    pos, neg_k = torch.tensor([0.9, 0.1, 0.5]), torch.tensor([[0.2, 0.3], [0.4, 0.0], [0.6, 0.1]])
+    a, b = LinkPredMetrics(), LinkPredMetrics()
+    a.update(torch.zeros(0), torch.zeros(0), torch.zeros(0, 2))
+    a.update(pos, neg_k[:, 0], neg_k)
+    a.update(torch.zeros(0), torch.zeros(0), torch.zeros(0))
+    b.update(pos, neg_k[:, 0], neg_k)
+    assert a.compute() == b.compute() and "mrr" in a.compute()

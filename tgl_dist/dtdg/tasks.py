@@ -42,6 +42,9 @@ def mix64(x: Tensor) -> Tensor:
     return x ^ _srl(x, 33)
 
 
+REDRAWS = 20   # times a negative that is a true edge (or the source itself) is drawn again
+
+
 def hashed_nodes(seed: int, split: str, t: int, epoch: int, pos: Tensor, k: int, num_nodes: int) -> Tensor:
     """``[len(pos), k]`` pseudo-random node ids, a pure function of the arguments."""
     h = torch.tensor([seed], dtype=torch.long)
@@ -71,6 +74,11 @@ class LinkPrediction(nn.Module):
         neg_eval: negatives per positive in evaluation (default 20): AP and AUC use the
             first one (1:1), MRR all of them.
         seed: negative-sampling seed.
+
+    A negative replaces the source of a label edge ``u -> v`` by a uniform node that is not
+    ``u`` and not the source of a true edge into ``v`` at the label snapshot
+    (:meth:`_negatives`); the draws are a pure function of (seed, split, snapshot, epoch,
+    edge, j), the same on any number of ranks.
 
     The trivial baseline (evaluation only) repeats the last snapshot: a pair scores the
     number of times it is an edge of snapshot ``label_ts - 1``.
@@ -103,6 +111,31 @@ class LinkPrediction(nn.Module):
         q = src * N + dst
         return (torch.searchsorted(keys, q, right=True) - torch.searchsorted(keys, q)).float()
 
+    def _negatives(self, split: str, t: int, epoch: int, pos_id: Tensor, k: int, src_g: Tensor,
+                   dst_g: Tensor) -> Tensor:
+        """``[P, k]`` negative sources for the label snapshot's edges ``src_g -> dst_g``
+        (global ids): uniform node ids that are neither the edge's source nor the source of
+        any true edge into ``dst_g`` at snapshot ``t`` (IBM's "no self-loops, true edges").
+
+        A draw that is one of those is drawn again from the next hash key (at most
+        :data:`REDRAWS` times). The rank owning ``dst_g`` holds all of its edges at ``t``,
+        so the filter is local and the draws do not depend on the number of ranks.
+        """
+        g, N = self.graph, self.graph.num_nodes
+        neg = hashed_nodes(self.seed, split, t, epoch, pos_id, k, N)
+        true = torch.sort(src_g * N + dst_g).values          # this snapshot's edges into dst
+        d = dst_g.view(-1, 1)
+        for r in range(1, REDRAWS + 1):
+            q = neg * N + d
+            pos = torch.searchsorted(true, q).clamp_(max=max(true.numel() - 1, 0))
+            bad = neg == src_g.view(-1, 1)
+            if true.numel():
+                bad |= true[pos] == q
+            if not bool(bad.any()):
+                break
+            neg = torch.where(bad, hashed_nodes(self.seed + r, split, t, epoch, pos_id, k, N), neg)
+        return neg
+
     def forward(self, model, window: Dict, split: str, epoch: int = 0,
                 evaluate: bool = False) -> Tensor:
         """Loss of this rank's share of the window (a collective: every rank calls it)."""
@@ -114,11 +147,10 @@ class LinkPrediction(nn.Module):
         src, dst = g.edge_index[0, s], g.edge_index[1, s]
         pos_id = g.edge()["pos"][s]
         k = self.neg_eval if evaluate else self.neg_train
-        neg = hashed_nodes(self.seed, split, t, -1 if evaluate else epoch, pos_id, k, g.num_nodes)
-        src_g = g.all_ids[src]
-        neg = torch.where(neg == src_g.view(-1, 1), (neg + 1) % g.num_nodes, neg)
+        src_g, dst_g = g.all_ids[src], g.owned_ids[dst]
+        neg = self._negatives(split, t, -1 if evaluate else epoch, pos_id, k, src_g, dst_g)
         route, idx = Route.for_ids(neg.reshape(-1), g.owner, g.local, g.rank, g.num_owned, g.group)
-        h_neg = route(h)[idx].view(src.numel(), k, -1)
+        h_neg = route(h)[idx].view(src.numel(), k, h.size(-1))   # explicit: src may be empty
         h_dst = h[dst]
         pos_score = self.head(h_all[src], h_dst)
         neg_score = self.head(h_neg, h_dst.unsqueeze(1).expand(-1, k, -1))
@@ -128,7 +160,6 @@ class LinkPrediction(nn.Module):
                                                      reduction="sum") / (P * k))
         if evaluate:
             self.metrics.update(pos_score, neg_score[:, 0], neg_score)
-            dst_g = g.owned_ids[dst]
             b_pos = self._repeat_last(t, src_g, dst_g)
             b_neg = self._repeat_last(t, neg.reshape(-1), dst_g.repeat_interleave(k)).view(-1, k)
             self.baseline.update(b_pos, b_neg[:, 0], b_neg)

@@ -69,7 +69,7 @@ class LinkPredMetrics:
         # compared at float32 precision on purpose (see the class docstring)
         self.pos.append(pos.detach().reshape(-1).float().cpu())
         self.neg.append(neg.detach().reshape(-1).float().cpu())
-        if neg_k is not None:
+        if neg_k is not None and pos.numel():   # an empty batch (a rank without events) has no k
             self.neg_k.append(neg_k.detach().reshape(pos.numel(), -1).float().cpu())
 
     def compute(self, group=None) -> Dict[str, float]:
