@@ -72,19 +72,24 @@ def test_refuses_other_run_truncated_and_corrupt(tmp_path):
     CheckpointManager(ck, run_meta={"partition": "abc"}).save({"w": torch.ones(100)}, {"m": torch.ones(100)})
     with pytest.raises(CheckpointError, match="run_meta\\['partition'\\]"):
         CheckpointManager(ck, run_meta={"partition": "xyz"}).load()
+    # a key on one side only is another run too (a loop passing fewer keys, or more)
+    with pytest.raises(CheckpointError, match="run_meta\\['partition'\\]: this run has no"):
+        CheckpointManager(ck).load()
+    with pytest.raises(CheckpointError, match="run_meta\\['config'\\]: the checkpoint has no"):
+        CheckpointManager(ck, run_meta={"partition": "abc", "config": {"lr": 0.1}}).load()
     shard = ck / "v000001" / "shard_0.pt"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated"):
-        CheckpointManager(ck).load()
+        CheckpointManager(ck, run_meta={"partition": "abc"}).load()
     corrupt = bytearray(data)
     corrupt[len(corrupt) // 2] ^= 0xFF
     shard.write_bytes(bytes(corrupt))
     with pytest.raises(CheckpointError, match="corrupt"):
-        CheckpointManager(ck).load()
+        CheckpointManager(ck, run_meta={"partition": "abc"}).load()
     (ck / "VERSION").unlink()
     with pytest.raises(CheckpointError, match="no committed checkpoint"):
-        CheckpointManager(ck).load()
+        CheckpointManager(ck, run_meta={"partition": "abc"}).load()
 
 
 def test_other_world_size_refused(tmp_path):

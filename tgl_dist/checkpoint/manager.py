@@ -244,8 +244,13 @@ class CheckpointManager:
                 f"{d}: written by {m0['world_size']} ranks, this run has {self.world_size}; "
                 f"resume with --nproc_per_node={m0['world_size']} (shards belong to partitions)")
         mine = m0 if self.rank == 0 else self._manifest(d, self.rank)
+        saved_meta = m0["run_meta"]
+        for key in saved_meta.keys() - self.run_meta.keys() | self.run_meta.keys() - saved_meta.keys():
+            side = "this run has no" if key in saved_meta else "the checkpoint has no"
+            raise CheckpointError(f"{d}: run_meta['{key}']: {side} such entry (checkpoint "
+                                  f"keys {sorted(saved_meta)}, this run's {sorted(self.run_meta)})")
         for key, val in self.run_meta.items():
-            saved = m0["run_meta"].get(key)
+            saved = saved_meta.get(key)
             now = json.loads(json.dumps(val, default=str))
             if now != saved:
                 where, a, b = _first_difference(saved, now, key)
