@@ -127,3 +127,17 @@ def test_store_single_process_views(parts, tmp_path):
     assert torch.equal(graph.local_edge_feat(tr.eid[:5]), g.edge_attr[:5])
     with pytest.raises(ValueError, match="unknown split"):
         graph.split_events("validation")
+
+
+def test_one_part_of_two_in_a_world_of_one_is_refused(parts):
+    # a part read from one process (for inspection) cannot serve features or build the
+    # sampling graph: its local rows would answer for rows stored in the other part
+    _, root = parts
+    pdata = partition_load(root, "random", rank=1, world_size=2)
+    store = DistributedGraphStore(pdata)
+    with pytest.raises(ValueError, match="2 parts but the process group 1 ranks"):
+        store.get_node_feat(torch.arange(10))
+    with pytest.raises(ValueError, match="2 parts but the process group 1 ranks"):
+        store.get_edge_feat(torch.arange(10))
+    with pytest.raises(ValueError, match="2 parts but the process group 1 ranks"):
+        TemporalNeighborSampleGraph(pdata, mode="full")
