@@ -56,3 +56,21 @@ def test_stream_is_learnable_by_a_simple_heuristic():
     # control: the same sources with shuffled destinations are not learnable this way
     shuffled = np.random.default_rng(0).permutation(dst)
     assert seen_before_ap(src, shuffled, test, g.num_nodes) < 0.56
+
+
+def test_fingerprint_sees_feature_label_and_mask_values():
+    # partitions are reused when the fingerprint matches: the same events with other
+    # feature values or labels (an edited .npy, a label column) must not match
+    import dataclasses
+    base = generate_synthetic(num_nodes=50, num_events=400, seed=2)
+    E, N = base.num_events, base.num_nodes
+    g = dataclasses.replace(base, edge_attr=torch.randn(E, 3, generator=torch.Generator().manual_seed(0)),
+                            node_feat=torch.randn(N, 2, generator=torch.Generator().manual_seed(1)),
+                            labels=torch.zeros(E, dtype=torch.long))
+    same = dataclasses.replace(g, edge_attr=g.edge_attr.clone(), node_feat=g.node_feat.clone(),
+                               labels=g.labels.clone())
+    assert same.fingerprint() == g.fingerprint()
+    for field in ("edge_attr", "node_feat", "labels"):
+        x = getattr(g, field).clone()
+        x.view(-1)[0] += 1
+        assert dataclasses.replace(g, **{field: x}).fingerprint() != g.fingerprint(), field

@@ -166,13 +166,22 @@ class TemporalGraph:
 
     # ------------------------------------------------------------- identity
     def fingerprint(self) -> str:
-        """A short hash of the event stream (ids, times, sizes): partitions record it."""
+        """A short hash of everything a partition stores: the event stream (ids, times),
+        the node count, and the values of the features, labels and split masks.
+        Partitions record it, so one written from other data (an edited feature file, a
+        changed label) is told apart and written again."""
         h = hashlib.sha256()
-        for x in (self.src, self.dst, self.t):
-            h.update(x.contiguous().numpy().tobytes())
         h.update(f"{self.num_nodes}".encode())
-        for x in (self.edge_attr, self.node_feat):
-            h.update(b"-" if x is None else str(tuple(x.shape)).encode())
+        named = [("src", self.src), ("dst", self.dst), ("t", self.t), ("edge_attr", self.edge_attr),
+                 ("node_feat", self.node_feat), ("labels", self.labels)]
+        named += [(f"mask.{k}", v) for k, v in sorted((self.masks or {}).items())]
+        for name, x in named:
+            if x is None:
+                h.update(f"{name}:-".encode())
+                continue
+            x = x.detach().cpu().contiguous().reshape(-1)
+            h.update(f"{name}:{tuple(x.shape)}:{x.dtype}".encode())
+            h.update(memoryview(x.view(torch.uint8).numpy()))
         return h.hexdigest()[:16]
 
     def subgraph_events(self, mask: Tensor) -> "TemporalGraph":
