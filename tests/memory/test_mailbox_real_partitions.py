@@ -88,6 +88,15 @@ def _gather(results, N):
     return got, params
 
 
+def _same_state(got, ref, atol):
+    """2 ranks' gathered node state equals 1 process's: memory and mailbox within ``atol``
+    (float rounding), their timestamps exactly."""
+    assert torch.allclose(got[0], ref[1], atol=atol)       # memory
+    assert torch.equal(got[1], ref[2])                     # memory_ts
+    assert torch.allclose(got[2], ref[3], atol=atol)       # mailbox
+    assert torch.equal(got[3], ref[4])                     # mail_ts
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_ranks_equal_one_process_on_real_partitions(tmp_path):
@@ -95,10 +104,7 @@ def test_two_ranks_equal_one_process_on_real_partitions(tmp_path):
     ref = [torch.from_numpy(a) for a in _epoch(root)]
     assert float(ref[1].abs().sum()) > 0
     got, _ = _gather(run_distributed(_epoch, 2, root), g.num_nodes)
-    assert torch.allclose(got[0], ref[1], atol=1e-5)       # memory
-    assert torch.equal(got[1], ref[2])                     # memory_ts
-    assert torch.allclose(got[2], ref[3], atol=1e-5)       # mailbox
-    assert torch.equal(got[3], ref[4])                     # mail_ts
+    _same_state(got, ref, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -117,10 +123,7 @@ def test_two_ranks_train_like_one_process(tmp_path):
     # measured: 3.6e-6 apart after moving 7e-3; without the loss scaling of run_epoch
     # (plain mean of the ranks' means over their 61 / 59 events) 7.5e-3 apart
     assert torch.allclose(params[0], ref[5], atol=5e-5), (params[0] - ref[5]).abs().max()
-    assert torch.allclose(got[0], ref[1], atol=1e-4)       # memory
-    assert torch.equal(got[1], ref[2])                     # memory_ts
-    assert torch.allclose(got[2], ref[3], atol=1e-4)       # mailbox
-    assert torch.equal(got[3], ref[4])                     # mail_ts
+    _same_state(got, ref, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -135,7 +138,4 @@ def test_a_rank_without_events_in_a_step_takes_part_with_an_empty_batch(tmp_path
     got, _ = _gather(run_distributed(_epoch, 2, root, False, config, "test", 2, timeout=180),
                      g.num_nodes)
     assert float(ref[1].abs().sum()) > 0
-    assert torch.allclose(got[0], ref[1], atol=1e-5)       # memory
-    assert torch.equal(got[1], ref[2])                     # memory_ts
-    assert torch.allclose(got[2], ref[3], atol=1e-5)       # mailbox
-    assert torch.equal(got[3], ref[4])                     # mail_ts
+    _same_state(got, ref, atol=1e-5)
