@@ -176,12 +176,7 @@ class TemporalGraph:
                  ("node_feat", self.node_feat), ("labels", self.labels)]
         named += [(f"mask.{k}", v) for k, v in sorted((self.masks or {}).items())]
         for name, x in named:
-            if x is None:
-                h.update(f"{name}:-".encode())
-                continue
-            x = x.detach().cpu().contiguous().reshape(-1)
-            h.update(f"{name}:{tuple(x.shape)}:{x.dtype}".encode())
-            h.update(memoryview(x.view(torch.uint8).numpy()))
+            hash_tensor(h, name, x)
         return h.hexdigest()[:16]
 
     def subgraph_events(self, mask: Tensor) -> "TemporalGraph":
@@ -197,6 +192,17 @@ class TemporalGraph:
         g.labels = None if self.labels is None else self.labels[mask]
         g.masks = {k: v[mask] for k, v in self.masks.items()}
         return g
+
+
+def hash_tensor(h, name: str, x: OptTensor) -> None:
+    """Feed ``name``, the shape, dtype and bytes of ``x`` (or its absence) to the hashlib
+    object ``h`` (the data fingerprints of CTDG and DTDG partitions)."""
+    if x is None:
+        h.update(f"{name}:-".encode())
+        return
+    v = x.detach().cpu().contiguous().reshape(-1)
+    h.update(f"{name}:{tuple(x.shape)}:{v.dtype}".encode())
+    h.update(memoryview(v.view(torch.uint8).numpy()))
 
 
 def _check_events(src: Tensor, dst: Tensor, t: Tensor, edge_attr: OptTensor = None,

@@ -18,6 +18,8 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import Tensor
 
+from tgl_dist.data.temporal import hash_tensor
+
 OptTensor = Optional[Tensor]
 
 
@@ -152,9 +154,7 @@ class GraphData:
         h.update(f"{self.num_nodes}/{self.num_snapshots}".encode())
         for tag, store in (("node", self._node), ("edge", self._edge)):
             for k in sorted(store):
-                v = store[k].detach().cpu().contiguous().reshape(-1)
-                h.update(f"{tag}.{k}:{tuple(store[k].shape)}:{v.dtype}".encode())
-                h.update(v.view(torch.uint8).numpy().tobytes())
+                hash_tensor(h, f"{tag}.{k}", store[k])
         return h.hexdigest()[:16]
 
     def __repr__(self) -> str:
