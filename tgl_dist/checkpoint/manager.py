@@ -34,7 +34,8 @@ import torch
 
 from tgl_dist.dist.exchange import barrier, broadcast_object, world
 from tgl_dist.errors import TGLDistError
-from tgl_dist.partition.storage import fsync_dir, sha256_file, unreadable_reason
+from tgl_dist.partition.storage import (file_entry_ok, fsync_dir, sha256_file,
+                                        unreadable_reason)
 
 FORMAT_VERSION = 1
 _VDIR = re.compile(r"^v(\d{6})$")
@@ -281,8 +282,7 @@ class CheckpointManager:
                 raise CheckpointError(f"{p}: corrupt manifest (field '{key}': expected {what}, "
                                       f"got {m[key]!r:.40})")
         for name, info in m["files"].items():
-            if not (isinstance(info, dict) and isinstance(info.get("sha256"), str)
-                    and isinstance(info.get("bytes"), int) and not isinstance(info["bytes"], bool)):
+            if not file_entry_ok(info):
                 raise CheckpointError(f"{p}: corrupt manifest (field 'files.{name}': expected "
                                       f"{{\"sha256\": str, \"bytes\": int}}, got {info!r:.60})")
         return m

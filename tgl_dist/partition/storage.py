@@ -203,8 +203,7 @@ def read_manifest(folder: Path) -> Dict:
         raise PartitionError(f"{path}: key 'files': expected an object (path -> sha256, bytes), "
                              f"got {files!r:.60}")
     for rel, info in files.items():
-        if not (isinstance(info, dict) and isinstance(info.get("sha256"), str)
-                and _is_int(info.get("bytes")) and info["bytes"] >= 0):
+        if not file_entry_ok(info):
             raise PartitionError(f"{path}: key 'files.{rel}': expected {{\"sha256\": str, "
                                  f"\"bytes\": int}}, got {info!r:.80}; re-run the partitioner")
     return manifest
@@ -212,6 +211,13 @@ def read_manifest(folder: Path) -> Dict:
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def file_entry_ok(info) -> bool:
+    """Whether a manifest's ``files`` entry reads ``{"sha256": str, "bytes": int >= 0}``
+    (partition and checkpoint manifests alike)."""
+    return (isinstance(info, dict) and isinstance(info.get("sha256"), str)
+            and _is_int(info.get("bytes")) and info["bytes"] >= 0)
 
 
 def check_manifest_ints(path: Path, manifest: Dict, keys) -> None:
