@@ -71,6 +71,15 @@ class PartitionBook:
         """``(owner, local_row)`` of each id."""
         return self.to_owner(global_ids), self.to_local(global_ids)
 
+    def check_world(self, world_size: int) -> None:
+        """``ValueError`` unless there is one rank per part: a part's local rows stand for
+        rows that live in the other parts, so a group of another size would read wrong ones."""
+        if world_size != self.num_parts:
+            raise ValueError(f"the partition has {self.num_parts} parts but the process group "
+                             f"{world_size} ranks: one rank per part (run with "
+                             f"--nproc_per_node={self.num_parts}, or partition into "
+                             f"{world_size} parts)")
+
     def state(self) -> dict:
         return {"owner": self.owner}
 

@@ -121,16 +121,12 @@ class LinkPrediction(nn.Module):
         :data:`REDRAWS` times). The rank owning ``dst_g`` holds all of its edges at ``t``,
         so the filter is local and the draws do not depend on the number of ranks.
         """
-        g, N = self.graph, self.graph.num_nodes
+        N = self.graph.num_nodes
         neg = hashed_nodes(self.seed, split, t, epoch, pos_id, k, N)
-        true = torch.sort(src_g * N + dst_g).values          # this snapshot's edges into dst
+        true = src_g * N + dst_g              # this snapshot's edges into dst
         d = dst_g.view(-1, 1)
         for r in range(1, REDRAWS + 1):
-            q = neg * N + d
-            pos = torch.searchsorted(true, q).clamp_(max=max(true.numel() - 1, 0))
-            bad = neg == src_g.view(-1, 1)
-            if true.numel():
-                bad |= true[pos] == q
+            bad = (neg == src_g.view(-1, 1)) | torch.isin(neg * N + d, true)
             if not bool(bad.any()):
                 break
             neg = torch.where(bad, hashed_nodes(self.seed + r, split, t, epoch, pos_id, k, N), neg)

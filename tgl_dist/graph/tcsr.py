@@ -98,10 +98,8 @@ class TemporalNeighborSampleGraph:
         self.mode = mode
         self.book = book
         self.rank, self.world_size = world(group)
-        if book is not None and book.num_parts != self.world_size:
-            raise ValueError(f"the partition has {book.num_parts} parts but the process group "
-                             f"{self.world_size} ranks: each rank passes its own part's "
-                             f"sample_graph (run with --nproc_per_node={book.num_parts})")
+        if book is not None:   # each rank passes its own part's sample_graph
+            book.check_world(self.world_size)
         src, dst, t, eid = events_of(sample_graph)
         if mode == "full" and self.world_size > 1:
             src, dst, t, eid = self._gather(src, dst, t, eid, group)
