@@ -7,10 +7,12 @@ full-graph gradient and training with P processes follows the same path as with 
 Negatives (link prediction) are deterministic per ``(seed, split, label snapshot)``
 (training: also per epoch) and do not depend on the world size: positive edge
 ``(u, v)`` of snapshot t, at position ``pos`` among the snapshot's edges in global
-order, gets ``k`` corrupted sources ``u'_j = hash(seed, split, t, epoch, pos, j) mod N``
-(``u'_j != u``). The owner of ``v`` scores them, fetching ``h[u'_j]`` through a
-per-step :meth:`Route.for_ids <tgl_dist.dtdg.route.Route.for_ids>`. Negatives are not
-filtered against true edges (a collision has probability ~ in-degree / N).
+order, gets ``k`` corrupted sources ``u'_j``, SplitMix64 hashes
+(:mod:`tgl_dist.sampling.hashing`, the samplers' hash) of ``(seed, split, t, epoch, pos,
+j)`` modulo N. A draw equal to ``u`` or to the source of a true edge into ``v`` at
+snapshot t is drawn again (:meth:`LinkPrediction._negatives`). The owner of ``v``
+scores them, fetching ``h[u'_j]`` through a per-step :meth:`Route.for_ids
+<tgl_dist.dtdg.route.Route.for_ids>`.
 """
 from __future__ import annotations
 
@@ -23,35 +25,16 @@ from torch import Tensor, nn
 from tgl_dist.dist import all_reduce_
 from tgl_dist.dtdg.route import Route
 from tgl_dist.metrics import LinkPredMetrics
+from tgl_dist.sampling.hashing import hash_keys, uniform_below
 
 SPLIT_IDS = {"train": 1, "dev": 2, "test": 3}
-_C1 = 0xFF51AFD7ED558CCD - (1 << 64)
-_C2 = 0xC4CEB9FE1A85EC53 - (1 << 64)
-
-
-def _srl(x: Tensor, s: int) -> Tensor:
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def mix64(x: Tensor) -> Tensor:
-    """MurmurHash3's 64-bit finaliser on int64 tensors (wrapping arithmetic)."""
-    x = x ^ _srl(x, 33)
-    x = x * _C1
-    x = x ^ _srl(x, 33)
-    x = x * _C2
-    return x ^ _srl(x, 33)
-
-
 REDRAWS = 20   # times a negative that is a true edge (or the source itself) is drawn again
 
 
 def hashed_nodes(seed: int, split: str, t: int, epoch: int, pos: Tensor, k: int, num_nodes: int) -> Tensor:
     """``[len(pos), k]`` pseudo-random node ids, a pure function of the arguments."""
-    h = torch.tensor([seed], dtype=torch.long)
-    for v in (SPLIT_IDS[split], t, epoch):
-        h = mix64(h ^ v)
     key = pos.view(-1, 1).long() * k + torch.arange(k, device=pos.device)
-    return (mix64(key ^ h.to(pos.device)) & ((1 << 62) - 1)) % num_nodes
+    return uniform_below(hash_keys(seed, SPLIT_IDS[split], t, epoch, key), num_nodes)
 
 
 class EdgeHead(nn.Module):
