@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -125,6 +125,35 @@ def new_group(timeout: Optional[datetime.timedelta] = None) -> Optional[dist.Pro
     return dist.new_group(backend=dist.get_backend(), timeout=td)
 
 
+def _launch_env() -> Tuple[int, int, int]:
+    """``(WORLD_SIZE, RANK, LOCAL_RANK)`` from the launcher's environment (torchrun sets all
+    three; none means a world of one). Inconsistent values are refused here: otherwise two
+    processes both become rank 0, or one waits for a rank that never comes, and the run
+    fails after the rendezvous timeout with a socket error."""
+    env = {k: os.environ.get(k) for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    vals = {}
+    for k, v in env.items():
+        try:
+            vals[k] = int(v) if v is not None else None
+        except ValueError:
+            raise ValueError(f"environment variable {k}={v!r} is not an integer "
+                             f"(launch with torchrun, which sets it)") from None
+    world_size = 1 if vals["WORLD_SIZE"] is None else vals["WORLD_SIZE"]
+    if world_size < 1:
+        raise ValueError(f"environment variable WORLD_SIZE={world_size} must be at least 1")
+    if world_size > 1 and vals["RANK"] is None:
+        raise ValueError(f"WORLD_SIZE={world_size} but RANK is not set: each process needs its "
+                         f"own RANK in [0, {world_size}) (torchrun sets both)")
+    rank = 0 if vals["RANK"] is None else vals["RANK"]
+    if not 0 <= rank < world_size:
+        raise ValueError(f"environment variable RANK={rank} is outside [0, WORLD_SIZE="
+                         f"{world_size})")
+    local_rank = 0 if vals["LOCAL_RANK"] is None else vals["LOCAL_RANK"]
+    if local_rank < 0:
+        raise ValueError(f"environment variable LOCAL_RANK={local_rank} must be >= 0")
+    return world_size, rank, local_rank
+
+
 class DistributedContext:
     """The calling process's place in the distributed job.
 
@@ -182,9 +211,10 @@ class DistributedContext:
         if use_gpu and not gpus:
             raise ValueError("use_gpu=True but CUDA is not available on this machine (no GPU "
                              "visible: check CUDA_VISIBLE_DEVICES)")
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if dist.is_initialized():   # the group's rank and size are read below
+            world_size, rank, local_rank = 1, 0, int(os.environ.get("LOCAL_RANK", "0"))
+        else:
+            world_size, rank, local_rank = _launch_env()
         explicit = backend is not None
         if backend is None:
             backend = "nccl" if use_gpu else "gloo"

@@ -29,6 +29,26 @@ def test_bad_backend_is_an_error():
         DistributedContext.init(backend="nccl", use_gpu=False)
 
 
+@pytest.mark.parametrize("env, match", [
+    ({"WORLD_SIZE": "2"}, "RANK is not set"),                       # both would be rank 0
+    ({"WORLD_SIZE": "2", "RANK": "2"}, r"RANK=2 is outside \[0, WORLD_SIZE=2\)"),
+    ({"WORLD_SIZE": "2", "RANK": "-1"}, "RANK=-1 is outside"),
+    ({"WORLD_SIZE": "0", "RANK": "0"}, "WORLD_SIZE=0 must be at least 1"),
+    ({"WORLD_SIZE": "two", "RANK": "0"}, "WORLD_SIZE='two' is not an integer"),
+    ({"RANK": "0", "LOCAL_RANK": "-3"}, "LOCAL_RANK=-3 must be >= 0"),
+])
+def test_inconsistent_launch_environment_is_refused_at_once(monkeypatch, env, match):
+    # before: a socket error after the whole rendezvous timeout (600 s by default)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=match):
+        DistributedContext.init(use_gpu=False, timeout=30)
+    assert time.perf_counter() - t0 < 5
+
+
 def _two_rank_worker():
     ctx = DistributedContext.init(use_gpu=False)
     ctx.sync_print("ordered")

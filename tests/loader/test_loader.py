@@ -277,3 +277,23 @@ def test_evaluation_negatives_are_never_the_positive_destination(parts):
             n += int((neg == roots.dst.view(1, -1)).sum())
         collide[split] = n
     assert collide["test"] == 0 and collide["train"] > 0, collide
+
+
+def test_prefetch_thread_uses_the_iterating_threads_gpu(parts, monkeypatch):
+    # CUDA's current device is per thread and a new thread starts on GPU 0, so on rank r
+    # of an NCCL run the producer's exchanges would go to GPU 0 unless it takes the
+    # iterating thread's device (no GPU here: the CUDA state is faked)
+    g, _, out = parts
+    pdata = partition_load(out / g.name, "random")
+    graph = DistributedGraphStore(pdata)
+    sampler = NeighborSampler(graph.num_nodes, 1, 3, TemporalNeighborSampleGraph(pdata, "full"),
+                              policy="recent", workers=1)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda d: calls.append((threading.current_thread().name, d)))
+    ld = DistributedDataLoader(graph, "val", sampler, neg_sampler=NegativeSampling(),
+                               batch_size=500, train=False, queue_size=2)
+    assert len(list(ld)) == len(ld)
+    assert calls == [("tgl_dist-loader-val", 3)]

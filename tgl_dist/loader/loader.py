@@ -307,7 +307,10 @@ class DistributedDataLoader:
             return
         q: "queue.Queue" = queue.Queue(maxsize=self.queue_size)
         stop = threading.Event()
-        th = threading.Thread(target=self._produce, args=(wins, epoch, q, stop),
+        # CUDA's current device is per thread (a new one starts on GPU 0): the producer runs
+        # the sampler's and the store's collectives, so it takes this thread's GPU
+        gpu = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        th = threading.Thread(target=self._produce, args=(wins, epoch, q, stop, gpu),
                               name=f"tgl_dist-loader-{self.data.name}", daemon=True)
         self._thread, self._stop = th, stop
         th.start()
@@ -336,10 +339,13 @@ class DistributedDataLoader:
             self.mailbox.prepare_input(step[1])
         return step
 
-    def _produce(self, wins: List[Window], epoch: int, q: "queue.Queue", stop: threading.Event) -> None:
+    def _produce(self, wins: List[Window], epoch: int, q: "queue.Queue", stop: threading.Event,
+                 gpu: Optional[int] = None) -> None:
         # torch's intra-op thread count is process-wide: the sampler's ``workers`` is not
         # applied here (it would change the training thread's setting too)
         try:
+            if gpu is not None:
+                torch.cuda.set_device(gpu)
             for w in wins:
                 if stop.is_set() and self.world_size == 1:
                     return

@@ -46,7 +46,12 @@ def latest_per_key(keys: Tensor, ts: Tensor, order: Optional[Tensor] = None) -> 
 
 
 def mean_per_key(keys: Tensor, *values: Tensor):
-    """Mean of ``values`` rows per distinct key (sums in row order, so deterministic).
+    """Mean of ``values`` rows per distinct key.
+
+    On the CPU ``index_add_`` sums in row order, so the result is deterministic and rows
+    given in one order sum to the same bits on any number of ranks. On CUDA
+    ``index_add_`` accumulates with atomics (PyTorch lists it as nondeterministic): the
+    means may differ in the last bits between runs.
 
     Returns ``(unique_keys [u], *means)`` with means shaped ``[u, *]``.
     """

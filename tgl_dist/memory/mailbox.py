@@ -401,7 +401,8 @@ class SharedMailBox:
             order: ``[n]`` int64 stream position of each row (``get_update_mail(...,
                 eids=...)`` returns it): equal timestamps go to the later position, and
                 ``'mean'`` sums in that order, so several ranks write exactly what one
-                process writes. ``None``: ties go to the higher sender rank, then the later
+                process writes (on the CPU; CUDA's sums are atomic, exact only up to
+                rounding). ``None``: ties go to the higher sender rank, then the later
                 row (deterministic, but not one process's choice when events from
                 different ranks share a timestamp).
         """
