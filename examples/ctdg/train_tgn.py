@@ -160,6 +160,19 @@ def main(argv=None) -> dict:
                 cfg = cfg.replace(train={key: v})
             except TGLDistError as e:
                 raise SystemExit(f"error: {flag} {v}: {e}") from None
+    B = cfg.train.batch_size   # events per step over all ranks, as one process runs them
+    if B % ctx.world_size:
+        raise SystemExit(f"error: the batch size {B} (events per step over all ranks) must be a "
+                         f"multiple of the {ctx.world_size} processes (each step's window is "
+                         f"the batch size per process x processes; a smaller window would "
+                         f"change what the run learns)")
+    per_rank = B // ctx.world_size
+    chunk = None
+    if cfg.train.reorder:  # TGL's random chunk scheduling: windows shift by chunks of B / reorder
+        if B % cfg.train.reorder:
+            raise SystemExit(f"error: train.reorder {cfg.train.reorder} must divide the batch "
+                             f"size {B}")
+        chunk = B // cfg.train.reorder
     folder = ensure_partition(args, ctx)
     pdata = partition_load(folder, args.partition_algo)
     graph = DistributedGraphStore(pdata)
@@ -176,13 +189,6 @@ def main(argv=None) -> dict:
     if cfg.has_memory:
         mailbox = SharedMailBox(int(pdata.ids.numel()), cfg.memory, graph.edge_feat_dim,
                                 partition_book=pdata.book, device=ctx.device)
-    per_rank = max(1, cfg.train.batch_size // ctx.world_size)
-    chunk = None
-    if cfg.train.reorder:  # TGL's random chunk scheduling: windows shift by chunks of B / reorder
-        if (per_rank * ctx.world_size) % cfg.train.reorder:
-            raise SystemExit(f"error: train.reorder {cfg.train.reorder} must divide the global "
-                             f"batch {per_rank * ctx.world_size} (batch per rank x world size)")
-        chunk = per_rank * ctx.world_size // cfg.train.reorder
     cores = max(1, (os.cpu_count() or 1) // ctx.world_size)
     queue_size = args.queue_size if args.queue_size is not None else (0 if cores <= 2 else 4)
     train_neg = NegativeSampling("triplet", "random", 1, seed=args.seed)

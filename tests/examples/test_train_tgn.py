@@ -55,6 +55,22 @@ def test_torchrun_two_processes_jodie(tmp_path):
     assert 0.0 <= out["test_ap"] <= 1.0
 
 
+@pytest.mark.distributed
+def test_torchrun_batch_not_a_multiple_of_the_processes_is_refused(tmp_path):
+    # before: 2 processes silently trained on 100-event windows for --batch-size 101 (and
+    # reported 101), where one process trains on 101
+    tiny = [a for a in TINY]
+    tiny[tiny.index("--batch-size") + 1] = "101"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        "--standalone", str(SCRIPT), "--parts", str(tmp_path / "parts"), *tiny],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "the batch size 101 (events per step over all ranks) must be a multiple of the 2 " \
+           "processes" in p.stderr
+    assert not (tmp_path / "parts").exists()       # refused before partitioning
+
+
 def test_a_partition_of_other_data_is_written_again(tmp_path):
     """The partition cache is keyed by the data's fingerprint, not only its name: another
     --num-events (or an edited file) partitions again instead of training on stale parts."""

@@ -1,5 +1,6 @@
 """DistributedDataLoader: time-aligned windows, exactly-once visits, empty windows, features, hooks."""
 import io
+import time
 import threading
 
 import pytest
@@ -297,3 +298,80 @@ def test_prefetch_thread_uses_the_iterating_threads_gpu(parts, monkeypatch):
                                batch_size=500, train=False, queue_size=2)
     assert len(list(ld)) == len(ld)
     assert calls == [("tgl_dist-loader-val", 3)]
+
+
+def test_iteration_abandoned_with_a_full_queue_does_not_hang_the_next(parts):
+    # before: the producer blocked forever putting its end marker into the full queue,
+    # and the next iteration waited for it
+    g, _, out = parts
+    graph = DistributedGraphStore(partition_load(out / g.name, "random"))
+    ld = DistributedDataLoader(graph, "val", None, neg_sampler=NegativeSampling(), batch_size=60,
+                               train=False, queue_size=4)
+    it = iter(ld)
+    first = next(it)                 # a peek at one batch; the iterator stays alive
+    deadline = time.monotonic() + 20
+    while ld._queue.qsize() < 4 and ld._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)             # the producer fills the queue
+    done = []
+    th = threading.Thread(target=lambda: done.append(len(list(ld))), daemon=True)
+    th.start()
+    th.join(60)
+    assert done == [len(ld)], "the next iteration hung on the abandoned one's producer"
+    assert torch.equal(list(ld)[0][0].eids, first[0].eids)
+    del it                           # closing the old iterator leaves a newer iteration alone
+
+
+def test_bad_loader_arguments_name_the_argument(parts):
+    g, _, out = parts
+    pdata = partition_load(out / g.name, "random")
+    graph = DistributedGraphStore(pdata)
+    for kw, match in ((dict(batch_size=2.7), "batch_size must be an integer >= 1, got 2.7"),
+                      (dict(batch_size="100"), "batch_size must be an integer"),
+                      (dict(queue_size=-3), "queue_size must be an integer >= 0, got -3"),
+                      (dict(chunk_size=0), "chunk_size must be an integer >= 1, got 0")):
+        with pytest.raises(ValueError, match=match):
+            DistributedDataLoader(graph, "train", **kw)
+    with pytest.raises(TypeError, match="sampler must be a NeighborSampler or None, got "
+                                        "TemporalNeighborSampleGraph"):
+        DistributedDataLoader(graph, "train", TemporalNeighborSampleGraph(pdata, "full"))
+    with pytest.raises(TypeError, match="neg_sampler must be a NegativeSampling"):
+        DistributedDataLoader(graph, "train", neg_sampler="random")
+    ld = DistributedDataLoader(graph, "train", batch_size=1000, queue_size=0)
+    ld.set_epoch(0, start_step=len(ld))
+    assert list(ld) == []            # resuming at the end of an epoch: nothing left
+    ld.set_epoch(0, start_step=len(ld) + 1)
+    with pytest.raises(ValueError, match=rf"start_step={len(ld) + 1}\) but epoch 0 of 'train' "
+                                         rf"has {len(ld)} steps"):
+        list(ld)
+
+
+def _mismatch_worker(root):
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    graph = DistributedGraphStore(partition_load(root, "random"))
+    errors = []
+    for kw in (dict(batch_size=50 + 20 * ctx.rank), dict(seed=ctx.rank, chunk_size=10),
+               dict(drop_last=bool(ctx.rank))):
+        try:
+            DistributedDataLoader(graph, "train", batch_size=kw.pop("batch_size", 50),
+                                  queue_size=0, **kw)
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    DistributedDataLoader(graph, "train", batch_size=50, queue_size=0)   # the same: fine
+    return errors
+
+
+@pytest.mark.distributed
+def test_loader_arguments_that_differ_between_ranks_are_refused(parts):
+    # before: different batch sizes deadlocked in a later collective; a per-rank seed with
+    # chunk scheduling silently misaligned the windows
+    g, _, out = parts
+    r0, r1 = run_distributed(_mismatch_worker, 2, str(out / g.name), timeout=120)
+    assert r0 == r1
+    assert r0 == ["DistributedDataLoader('train'): batch_size differs between ranks (rank 0: 50, "
+                  "rank 1: 70); every rank must pass the same value",
+                  "DistributedDataLoader('train'): seed differs between ranks (rank 0: 0, rank 1: "
+                  "1); every rank must pass the same value",
+                  "DistributedDataLoader('train'): drop_last differs between ranks (rank 0: 0, "
+                  "rank 1: 1); every rank must pass the same value"]

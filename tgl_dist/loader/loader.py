@@ -84,6 +84,19 @@ def _global_max(x: Tensor, group) -> float:
     return float(all_gather_v(m, group).max())
 
 
+def _stop_producer(th: threading.Thread, stop: threading.Event, q: "queue.Queue") -> None:
+    """Stop a background producer and wait for it, emptying its queue so that a producer
+    blocked on a full queue can finish (on several ranks it first builds the epoch's
+    remaining steps, whose collectives the other ranks are running too)."""
+    stop.set()
+    while th.is_alive():
+        try:
+            q.get(timeout=0.05)
+        except queue.Empty:
+            pass
+    th.join()
+
+
 class DistributedDataLoader:
     """Iterates this rank's events of a split in time-aligned global windows.
 
@@ -124,8 +137,17 @@ class DistributedDataLoader:
             data = graph.split_events(data)
         if not isinstance(data, EventSet):
             raise TypeError(f"data must be an EventSet or a split name, got {type(data).__name__}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        for name, v, low in (("batch_size", batch_size, 1), ("queue_size", queue_size, 0),
+                             ("chunk_size", 1 if chunk_size is None else chunk_size, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}")
+        if sampler is not None and not callable(getattr(sampler, "sample", None)):
+            raise TypeError(f"sampler must be a NeighborSampler or None, got "
+                            f"{type(sampler).__name__} (build one with NeighborSampler(num_nodes, "
+                            f"num_layers, fanout, graph_data))")
+        if neg_sampler is not None and not isinstance(neg_sampler, NegativeSampling):
+            raise TypeError(f"neg_sampler must be a NegativeSampling or None, got {neg_sampler!r} "
+                            f"(e.g. NegativeSampling('triplet', 'random'))")
         if shuffle and mailbox is not None:
             raise ValueError("shuffle=True with a mailbox: node memory needs chronological batches")
         if sampler_fn not in (None, SampleType.SAMPLE_FROM_TEMPORAL_EDGES) and not callable(sampler_fn):
@@ -140,20 +162,37 @@ class DistributedDataLoader:
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.train = bool(train)
-        self.chunk_size = int(chunk_size) if chunk_size else None
-        self.queue_size = int(queue_size or 0)
+        self.chunk_size = chunk_size
+        self.queue_size = queue_size
         self.mailbox = mailbox
         self.device = None if device is None else torch.device(device)
         self.seed = int(seed)
         self.rank, self.world_size = world()
         self.group = new_group() if group == "new" else group
         self.window = self.batch_size * self.world_size
-        if self.chunk_size is not None and (self.chunk_size < 1 or self.window % self.chunk_size):
+        if self.chunk_size is not None and self.window % self.chunk_size:
             raise ValueError(f"chunk_size={chunk_size} must divide batch_size * world_size = {self.window}")
+        self._check_same_on_all_ranks()
         self.schedule = GlobalSchedule(data.eid, data.t, self.group)
         self.negatives = self._bind_negatives() if neg_sampler is not None else None
         self.epoch = -1
         self._thread: Optional[threading.Thread] = None
+
+    def _check_same_on_all_ranks(self) -> None:
+        """Every rank must build the loader with the same schedule arguments: different
+        batch sizes give different step counts (a collective then waits forever), a
+        different seed or chunk size silently breaks the time alignment of the windows."""
+        if self.world_size == 1:
+            return
+        fields = ("batch_size", "chunk_size", "seed", "shuffle", "drop_last", "train")
+        mine = torch.tensor([[int(getattr(self, f) or 0) for f in fields]], dtype=torch.long)
+        every = all_gather_v(mine, self.group)                       # [W, fields]
+        for j, f in enumerate(fields):
+            col = every[:, j]
+            if not bool((col == col[0]).all()):
+                raise ValueError(f"DistributedDataLoader({self.data.name!r}): {f} differs between "
+                                 f"ranks ({', '.join(f'rank {r}: {v}' for r, v in enumerate(col.tolist()))}); "
+                                 f"every rank must pass the same value")
 
     # -------------------------------------------------------------- negatives
     def _bind_negatives(self) -> BoundNegatives:
@@ -300,7 +339,11 @@ class DistributedDataLoader:
         self.epoch += 1
         epoch = self.epoch
         start, self._start_step = getattr(self, "_start_step", 0), 0
-        wins = self._plan(epoch)[start:]
+        wins = self._plan(epoch)
+        if start > len(wins):
+            raise ValueError(f"set_epoch(start_step={start}) but epoch {epoch} of "
+                             f"{self.data.name!r} has {len(wins)} steps")
+        wins = wins[start:]
         if self.queue_size <= 0:
             for w in wins:
                 yield self._hand_out(self._make(w, epoch))
@@ -312,7 +355,7 @@ class DistributedDataLoader:
         gpu = torch.cuda.current_device() if torch.cuda.is_initialized() else None
         th = threading.Thread(target=self._produce, args=(wins, epoch, q, stop, gpu),
                               name=f"tgl_dist-loader-{self.data.name}", daemon=True)
-        self._thread, self._stop = th, stop
+        self._thread, self._stop, self._queue = th, stop, q
         th.start()
         try:
             while True:
@@ -323,14 +366,9 @@ class DistributedDataLoader:
                     raise item
                 yield self._hand_out(item)
         finally:
-            stop.set()
-            while th.is_alive():  # unblock a producer waiting on a full queue
-                try:
-                    q.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-            th.join()
-            self._thread = None
+            _stop_producer(th, stop, q)
+            if self._thread is th:
+                self._thread = None
 
     def _hand_out(self, step: Step) -> Step:
         if self.device is not None:
@@ -362,9 +400,9 @@ class DistributedDataLoader:
             q.put(e)
 
     def _join(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            self._stop.set()
-            self._thread.join()
+        """Stop the producer of an iteration abandoned with its iterator still alive."""
+        if self._thread is not None:
+            _stop_producer(self._thread, self._stop, self._queue)
         self._thread = None
 
     def __repr__(self) -> str:
