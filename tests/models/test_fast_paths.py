@@ -180,3 +180,65 @@ def test_predictor_score_is_one_node_with_forward_values_and_gradients(k, own_sr
         h = emb.detach()
         exp = pred.out_fc(torch.relu(pred.src_fc(h[neg_src]) + pred.dst_fc(h[neg]))).view(-1)
         assert torch.allclose(res[0][1], exp, atol=1e-12)
+
+
+def _cfg(path, **memory):
+    import yaml
+    raw = yaml.safe_load(open(path))
+    raw["memory"][0].update(dim_out=8, dim_time=4, **memory)
+    if raw["gnn"][0].get("arch") != "identity":
+        raw["gnn"][0].update(dim_out=8, dim_time=4)
+    raw["train"][0].update(dropout=0.0, att_dropout=0.0)
+    return parse_config(raw, path)
+
+
+@pytest.mark.parametrize("time_delta", ["query", "mail"])
+def test_jodie_projects_from_the_time_the_updated_memory_stands_at(time_delta):
+    """JODIE's dt = (t - t_s) / (t + 1), t_s the time of the last event folded into s^:
+    the memory's time ('query') or the pending mail's ('mail': s^ folds that mail)."""
+    from pathlib import Path
+    torch.manual_seed(0)
+    cfg = _cfg(Path(__file__).parents[2] / "configs" / "JODIE.yml", time_delta=time_delta)
+    model = build_model(cfg).eval()
+    roots, mfgs, meta = make_batch(5, 7, [], seed=3)
+    mb = SharedMailBox(7, cfg.memory, 0)
+    mb.memory.normal_()
+    mb.mailbox.normal_()
+    mb.memory_ts[:] = torch.arange(7, dtype=torch.float64) + 10
+    mb.mail_ts[:, 0] = torch.arange(7, dtype=torch.float64) * 3 + 40
+    mb.prepare_input(mfgs)
+    with torch.no_grad():
+        out = model(mfgs, meta)
+        ids = roots.nodes
+        t_s = mb.mail_ts[ids, 0] if time_delta == "mail" else mb.memory_ts[ids]
+        ref = model.projection(out.memory, roots.ts, t_s)
+        stale = model.projection(out.memory, roots.ts, mb.memory_ts[ids])
+    assert torch.allclose(out.embedding, ref, atol=1e-6)
+    if time_delta == "mail":
+        assert not torch.allclose(out.embedding, stale, atol=1e-3)
+
+
+def test_dyrep_scores_the_updated_memory_not_memory_plus_features():
+    """DyRep's output embedding is s^ (TGN code: memory[nodes]); node features reach the
+    score only through the attention embeddings carried in the mails."""
+    from pathlib import Path
+    torch.manual_seed(0)
+    cfg = _cfg(Path(__file__).parents[2] / "configs" / "DyRep.yml")
+    model = build_model(cfg, dim_node_feat=5).eval()
+    roots, mfgs, meta = make_batch(4, 9, [3], dim_node=5, seed=4)
+    mb = SharedMailBox(9, cfg.memory, 0)
+    mb.memory.normal_()
+    mb.mailbox.normal_()
+    mb.prepare_input(mfgs)
+    with torch.no_grad():
+        pos, neg = out = model(mfgs, meta)
+        s_hat = out.memory
+        P = model.predictor
+        B = meta["src_pos_index"].numel()
+
+        def score(u, v):
+            return P.out_fc(torch.relu(P.src_fc(u) + P.dst_fc(v))).squeeze(-1)
+        ref_pos = score(s_hat[:B], s_hat[B:2 * B])
+        ref_neg = score(s_hat[:B], s_hat[2 * B:])
+    assert torch.allclose(pos.view(-1), ref_pos, atol=1e-6)
+    assert torch.allclose(neg.view(-1), ref_neg, atol=1e-6)

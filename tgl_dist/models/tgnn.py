@@ -75,7 +75,7 @@ class TemporalLinkModel(nn.Module):
         memory_updater: computes ``s^`` from the fetched memory and mail (``None``: no memory).
         gnn_layers: temporal attention layers, one per block (``None``: no GNN).
         projection: ``'identity'`` (LayerNorm) or ``'jodie'`` when there are no GNN layers.
-        output: ``'gnn'`` (score the embeddings) or ``'memory'`` (score ``s^ (+ f)``, DyRep;
+        output: ``'gnn'`` (score the embeddings) or ``'memory'`` (score ``s^``, DyRep;
             the GNN embeddings then only go into the mails).
         mail_uses_embedding: DyRep mails (see :meth:`SharedMailBox.get_update_mail`).
         node_embedding: optional module mapping global ids ``[S]`` to ``[S, F]`` (e.g.
@@ -174,12 +174,16 @@ class TemporalLinkModel(nn.Module):
                 g, g_rows = layer(block, g, g_rows), None
             emb = g[:R]
         elif isinstance(self.projection, JODIETimeProjection):
-            emb = self.projection(h[root_rows], b0.srcdata["ts"][:R], sd["mem_ts"][root_rows])
+            # the time s^ stands at: the memory's ('query': s^ is the memory read at the
+            # query) or the pending mail's, which s^ folds in ('mail', one slot)
+            last = sd["mail_ts"][:, -1] if self.memory_updater.time_delta == "mail" \
+                else sd["mem_ts"]
+            emb = self.projection(h[root_rows], b0.srcdata["ts"][:R], last[root_rows])
         else:
             emb = self.projection(h[root_rows])
         gnn_emb = emb
-        if self.output == "memory":
-            emb = h.index_select(0, root_rows)
+        if self.output == "memory":   # DyRep scores s^ itself (node features not added)
+            emb = mem.index_select(0, root_rows)
         return emb, (None if mem is None else mem.index_select(0, root_rows)), gnn_emb
 
     def forward(self, mfgs: List[Block], metadata: Dict[str, Tensor]) -> LinkPredOutput:
