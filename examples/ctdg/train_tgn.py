@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-csv", type=file_path, default=None, help="per-epoch CSV (default: <parts>/<data>/metrics_<model>_<P>.csv)")
     p.add_argument("--num-nodes", type=int, default=None, help="synthetic: nodes")
     p.add_argument("--num-events", type=int, default=None, help="synthetic: events")
+    p.add_argument("--data-seed", type=int, default=None, help="synthetic: generator seed")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     add_run_arguments(p)
     return p
@@ -114,14 +115,14 @@ def median(xs):
 def ensure_partition(args, ctx) -> Path:
     """Rank 0 loads the dataset and partitions it if ``parts/<name>/<algo>_<P>`` is absent
     or was written from other data (its manifest's fingerprint differs: an edited file, or
-    another ``--num-events``)."""
+    another ``--num-events`` or ``--data-seed``)."""
     folder = None
     err = None
     if ctx.rank == 0:
         try:
             from tgl_dist.data import load_dataset
-            kw = {k: v for k, v in (("num_nodes", args.num_nodes), ("num_events", args.num_events))
-                  if v is not None}
+            kw = {k: v for k, v in (("num_nodes", args.num_nodes), ("num_events", args.num_events),
+                                    ("seed", args.data_seed)) if v is not None}
             g = load_dataset(args.data, root=args.root, format=args.format, **kw)
             folder = Path(args.parts) / g.name
             part = folder / f"{args.partition_algo}_{ctx.world_size}"
@@ -177,9 +178,6 @@ def main(argv=None) -> dict:
     pdata = partition_load(folder, args.partition_algo)
     graph = DistributedGraphStore(pdata)
     smp = cfg.sampling
-    if smp.prop_time or smp.history != 1:
-        raise SystemExit(f"error: {args.config}: sampling.prop_time=True / history>1 (snapshot "
-                         f"models) are not supported by this example")
     sampler = None
     if not smp.no_sample:
         tcsr = TemporalNeighborSampleGraph(pdata, mode=args.sampling_mode)

@@ -94,3 +94,7 @@ def test_a_partition_of_other_data_is_written_again(tmp_path):
     assert (part / "manifest.json").stat().st_mtime_ns == written       # same data: reused
     mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "700"]), ctx)
     assert read_manifest(part)["num_events"] == 700                     # other data: rewritten
+    fp = read_manifest(part)["fingerprint"]
+    mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "700",
+                                                                "--data-seed", "3"]), ctx)
+    assert read_manifest(part)["fingerprint"] != fp                     # another seed: rewritten

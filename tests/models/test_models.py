@@ -47,6 +47,8 @@ def test_shipped_configs_match_tgl_values():
     ({"memory": {"type": "node", "dim_out": 10}, "train": {"batch_size": 600, "reorder": 7}},
      "train.reorder"),
     ({"train": {"patience": 0}}, "train.patience"),
+    ({"sampling": {"prop_time": True}}, "sampling.prop_time"),
+    ({"sampling": {"history": 2}}, "sampling.history"),
 ])
 def test_config_errors_name_the_field(raw, path):
     raw = {**{k: {} for k in ("sampling", "memory", "gnn", "train")}, **raw}  # all required

@@ -100,8 +100,8 @@ class SamplingConfig:
     layer: int = _f(1, _pos_int, "number of hops L")
     neighbor: Tuple[int, ...] = _f((10,), _fanouts, "fan-out per hop")
     strategy: str = _f("recent", _choice("recent", "uniform"), "which earlier neighbours")
-    prop_time: bool = _f(False, _bool, "deeper hops query at the root time")
-    history: int = _f(1, _pos_int, "snapshots (1 for CTDG models)")
+    prop_time: bool = _f(False, _bool, "deeper hops query at the root time (only False)")
+    history: int = _f(1, _pos_int, "snapshots (only 1: CTDG models)")
     duration: float = _f(0, _nonneg_num, "snapshot length (0 = infinite)")
     num_thread: int = _f(1, _pos_int, "sampler threads")
     no_sample: bool = _f(False, _bool, "no neighbours (JODIE)")
@@ -256,6 +256,14 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
                                     f"(node_embedding is optional)", source)
     secs = {k: _section(cls, raw.get(k), k, source) for k, cls in _SECTIONS.items()}
     mem, gnn, smp = secs["memory"], secs["gnn"], secs["sampling"]
+    if smp.prop_time:
+        raise ConfigError("sampling.prop_time", "True (deeper hops query at the root time) is "
+                                                "not implemented: every hop queries at its "
+                                                "own edge's time", source)
+    if smp.history != 1:
+        raise ConfigError("sampling.history", f"snapshot history is not implemented for "
+                                              f"event streams: expected 1, got {smp.history}",
+                          source)
     if mem.type == "node":
         if mem.dim_out <= 0:
             raise ConfigError("memory.dim_out", "a node memory needs dim_out > 0", source)
