@@ -90,3 +90,31 @@ def test_memory_model_without_the_loaders_mailbox_is_a_clear_error():
     with pytest.raises(ValueError, match="from another mailbox"):
         run_epoch(model, SimpleNamespace(mailbox=other), mailbox)
     assert run_epoch(Scores(), [])["events"] == 0         # no memory, no mailbox: fine
+
+
+def _evaluate():
+    from tgl_dist import DistributedContext
+    from tgl_dist.metrics import LinkPredMetrics
+    from tgl_dist.models import run_epoch
+
+    ctx = DistributedContext.init()
+    metrics = LinkPredMetrics()
+    out = run_epoch(Scores(), list(_steps(ctx.rank, ctx.world_size)), metrics=metrics)
+    return out["ap_batch_mean"], metrics.compute()
+
+
+@pytest.mark.distributed
+def test_batch_mean_ap_counts_only_the_ranks_non_empty_shares():
+    from tgl_dist.metrics import average_precision
+    m = Scores()
+    with torch.no_grad():
+        aps = []   # each rank's non-empty share of a window is one batch
+        for r in range(2):
+            for lo, hi in WINDOWS:
+                mine = torch.arange(lo, hi)[OWNER[lo:hi] % 2 == r]
+                if mine.numel():
+                    aps.append(average_precision(*m(X[mine], None)))
+    (mean0, whole0), (mean1, whole1) = run_distributed(_evaluate, 2)
+    assert mean0 == mean1 and abs(mean0 - sum(aps) / len(aps)) < 1e-12
+    mean_1p, whole_1p = _evaluate()
+    assert whole0 == whole1 == whole_1p           # whole-split figures: any world size

@@ -134,6 +134,26 @@ def test_evaluation_candidates_of_an_event_are_distinct():
     assert _repeats(x).tolist() == [[False, False], [True, False], [False, True], [True, True]]
 
 
+@pytest.mark.parametrize("n,k", [(10, 9), (11, 9), (12, 9), (100, 99), (6, 9)])
+def test_evaluation_candidates_when_the_pool_is_about_k(n, k):
+    # redraws alone leave the positive or repeats for pools of about k ids (with k = 9:
+    # 406 of 20,000 events held their positive at n = 10); the completion gives every
+    # event k distinct ids other than its positive whenever the pool has k + 1 ids
+    from tgl_dist.sampling.negative import _repeats
+    pool = torch.arange(n) * 3 + 7
+    ns = NegativeSampling(strategy="random", num_neg=k, seed=1)
+    ev = ns.bind("test", False, Stream(SRC[:0], DST[:0], T[:0], N), pool)
+    eid = torch.arange(3000 if k < 50 else 300)
+    dst = pool[eid % n]
+    neg = ev.random(eid, 0, dst)
+    assert not bool((neg == dst).any()) and bool(torch.isin(neg, pool).all())
+    if n > k:
+        assert not bool(_repeats(neg).any())
+    else:   # fewer ids than k besides the positive: repeats unavoidable
+        assert bool(_repeats(neg).any(0).all())
+    assert torch.equal(ev.random(eid[40:90], 0, dst[40:90]), neg[:, 40:90])
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="strategy"):
         NegativeSampling(strategy="hard")

@@ -5,6 +5,7 @@ gathers every rank's scores (a collective) and evaluates once over the full set.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -41,7 +42,8 @@ def mrr(pos: Tensor, neg: Tensor) -> float:
     pos = pos.reshape(-1, 1).double()
     neg = neg.reshape(pos.size(0), -1).double()
     rank = 1 + (neg > pos).sum(1).double() + 0.5 * (neg == pos).sum(1).double()
-    return float((1.0 / rank).mean())
+    # fsum: correctly rounded, so the order the ranks gathered the scores in is irrelevant
+    return math.fsum((1.0 / rank).tolist()) / rank.numel()
 
 
 class LinkPredMetrics:

@@ -96,7 +96,7 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         progress: optional tqdm-like object with ``update(n)`` (rank 0).
         on_step: called on every rank after every step (after the mailbox update) with
             this rank's accumulators so far, ``{'steps': steps done in this epoch, 'total':
-            loss sum, 'events', 'ap_sum'}`` (e.g. to write a step checkpoint; it may run
+            loss sum, 'events', 'ap_sum', 'ap_batches'}`` (e.g. to write a step checkpoint; it may run
             collectives, every rank calls it at the same step).
         resume: accumulators an ``on_step`` call saved, to continue a partial epoch (the
             loader must start at step ``resume['steps']``, see ``loader.set_epoch``).
@@ -111,10 +111,11 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
     train = optimizer is not None
     model.train(train)
     ws = world(group)[1]
-    total, steps, events, ap_sum = 0.0, 0, 0, 0.0
+    total, steps, events, ap_sum, ap_batches = 0.0, 0, 0, 0.0, 0
     if resume is not None:
         total, steps = float(resume["total"]), int(resume["steps"])
         events, ap_sum = int(resume["events"]), float(resume["ap_sum"])
+        ap_batches = int(resume.get("ap_batches", steps))   # older checkpoints: every step
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.set_grad_enabled(train):
         for roots, mfgs, meta, _ in loader:
@@ -136,8 +137,9 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
                 k = neg.numel() // max(B, 1)
                 neg_k = neg.detach().view(k, B).t() if k > 1 else None
                 metrics.update(pos.detach(), neg.detach()[:B], neg_k)
-                if not train and B:
+                if not train and B:   # a rank's empty share of a window is no batch
                     ap_sum += average_precision(pos.detach(), neg.detach()[:B])
+                    ap_batches += 1
             if mailbox is not None:
                 mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
                                roots.extra.get("f"), out.embedding, out.mail_uses_embedding,
@@ -148,10 +150,12 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
             if progress is not None:
                 progress.update(1)
             if on_step is not None:
-                on_step({"steps": steps, "total": total, "events": events, "ap_sum": ap_sum})
+                on_step({"steps": steps, "total": total, "events": events, "ap_sum": ap_sum,
+                         "ap_batches": ap_batches})
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - c0  # all threads of this process (loader thread included)
-    cnt = torch.tensor([float(events), total, float(steps), ap_sum, cpu], dtype=torch.float64)
+    cnt = torch.tensor([float(events), total, float(steps), ap_sum, cpu, float(ap_batches)],
+                       dtype=torch.float64)
     all_reduce_(cnt, group=group)
     ev = int(cnt[0])
     out = {"loss": float(cnt[1] / max(cnt[2], 1)), "events": ev, "seconds": seconds,
@@ -160,5 +164,5 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
     if metrics is not None and not train:
         # the mean of per-batch APs (each rank's share of a step is one batch): what TGN,
         # TGL, DyGLib and PyG print; reported beside the whole-split AP for comparison only
-        out["ap_batch_mean"] = float(cnt[3] / max(cnt[2], 1))
+        out["ap_batch_mean"] = float(cnt[3] / cnt[5]) if cnt[5] else float("nan")
     return out

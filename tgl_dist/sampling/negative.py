@@ -153,9 +153,11 @@ class BoundNegatives:
         [B]`` (evaluation: TGB's generator draws each event's candidates without
         replacement and filters out its true destination) a draw equal to ``avoid`` or to
         an earlier draw ``j' < j`` of the same event is drawn again with counter
-        ``j + r k`` (r = 1, 2, ..., at most :data:`REDRAWS` times; a draw equal to the
-        positive stays only when the pool holds nothing else; repeats stay when the pool
-        holds at most ``k`` ids).
+        ``j + r k`` (r = 1, 2, ..., at most :data:`REDRAWS` times). Entries still bad
+        after that (pools of about ``k`` ids) take the ids their event does not hold yet,
+        in a hash order of the pool (:meth:`_complete`). So a draw equals the positive
+        only when the pool holds nothing else, and repeats occur only when the pool
+        holds at most ``k`` ids.
         """
         k = self.cfg.num_neg
         if self.pool.numel() == 0:
@@ -186,7 +188,42 @@ class BoundNegatives:
             neg[j, i] = self.pool[uniform_below(h, torch.tensor(n))]
             if distinct:
                 rounds[j, i] += 1
+        else:
+            bad = neg == avoid.view(1, -1)
+            if distinct:
+                bad |= _repeats(neg, rounds * k + rows)
+            if bool(bad.any()):
+                self._complete(neg, bad, avoid, eid, key, distinct)
         return neg
+
+    def _complete(self, neg: Tensor, bad: Tensor, avoid: Tensor, eid: Tensor, key: int,
+                  distinct: bool) -> None:
+        """Replace the ``bad [k, B]`` entries of ``neg`` in place: event i's bad entries
+        take, in order of ``j``, the pool ids that are neither its positive nor (with
+        ``distinct``) held by its other entries, in the order of ``hash(key, eid, -1 -
+        position)`` (wrapping round when fewer ids are left, which happens only without
+        ``distinct``)."""
+        cols = bad.any(0).nonzero().view(-1)
+        sub, sbad, pos = neg[:, cols], bad[:, cols], avoid[cols]
+        pool = torch.sort(self.pool).values
+        n, b = pool.numel(), cols.numel()
+        rows = torch.arange(b, device=neg.device)
+        held = torch.zeros(b, n, dtype=torch.bool, device=neg.device)
+        p = torch.searchsorted(pool, pos).clamp(max=n - 1)
+        hit = pool[p] == pos
+        held[rows[hit], p[hit]] = True
+        if distinct:
+            kj, ki = (~sbad).nonzero(as_tuple=True)
+            held[ki, torch.searchsorted(pool, sub[kj, ki])] = True
+        h = hash_keys(key, eid[cols].view(-1, 1), -1 - torch.arange(n, device=neg.device))
+        order = torch.sort(h, dim=1).indices                       # a random order per event
+        order = order.gather(1, torch.sort(held.gather(1, order).to(torch.uint8), dim=1,
+                                           stable=True).indices)   # free ids first
+        free = (~held).sum(1)                                      # >= 1 (n >= 2)
+        bj, bi = sbad.nonzero(as_tuple=True)
+        r = (torch.cumsum(sbad.long(), 0) - 1)[bj, bi] % free[bi]
+        sub[bj, bi] = pool[order[bi, r]]
+        neg[:, cols] = sub
 
     # ------------------------------------------------------- historical pairs
     def _index_pairs(self, s: Stream) -> None:
