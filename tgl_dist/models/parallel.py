@@ -14,7 +14,7 @@ size there, matching the averaging of the dense gradients here.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Set
+from typing import Iterable, List, Optional, Set
 
 import torch
 from torch import nn
@@ -82,7 +82,7 @@ class PendingGradients:
             off += n
 
 
-def reduce_gradients(params: Sequence[nn.Parameter], group=None, average: bool = True,
+def reduce_gradients(params: Iterable[nn.Parameter], group=None, average: bool = True,
                      async_op: bool = False) -> Optional[PendingGradients]:
     """Sum (``average=False``) or average the gradients of ``params`` over ranks, in one
     flat all-reduce (collective).
@@ -94,8 +94,8 @@ def reduce_gradients(params: Sequence[nn.Parameter], group=None, average: bool =
     :class:`PendingGradients`; call its ``wait()`` before the optimizer step.
     """
     ws = world(group)[1]
-    params = list(params)
-    if ws == 1 or not params:
+    params = [] if ws == 1 else list(params)   # a world of one: not even listed
+    if not params:
         return PendingGradients([], None, 1) if async_op else None
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                       for p in params])
@@ -118,7 +118,5 @@ def all_reduce_gradients(module: nn.Module, group=None,
     :func:`tgl_dist.models.run_epoch` writes the mailbox back while the gradients travel
     (on gloo the two proceed together; measured in ``benchmarks/RESULTS.md``).
     """
-    if world(group)[1] == 1:   # nothing to reduce: skip listing the parameters
-        return PendingGradients([], None, 1) if async_op else None
-    return reduce_gradients([p for p in module.parameters() if p.requires_grad], group,
+    return reduce_gradients((p for p in module.parameters() if p.requires_grad), group,
                             average=True, async_op=async_op)

@@ -182,9 +182,10 @@ class TemporalLinkModel(nn.Module):
         else:
             emb = self.projection(h[root_rows])
         gnn_emb = emb
+        mem_roots = None if mem is None else mem.index_select(0, root_rows)
         if self.output == "memory":   # DyRep scores s^ itself (node features not added)
-            emb = mem.index_select(0, root_rows)
-        return emb, (None if mem is None else mem.index_select(0, root_rows)), gnn_emb
+            emb = mem_roots
+        return emb, mem_roots, gnn_emb
 
     def forward(self, mfgs: List[Block], metadata: Dict[str, Tensor]) -> LinkPredOutput:
         """Score the batch's positive and negative events.

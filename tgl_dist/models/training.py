@@ -96,8 +96,8 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         progress: optional tqdm-like object with ``update(n)`` (rank 0).
         on_step: called on every rank after every step (after the mailbox update) with
             this rank's accumulators so far, ``{'steps': steps done in this epoch, 'total':
-            loss sum, 'events', 'ap_sum', 'ap_batches'}`` (e.g. to write a step checkpoint; it may run
-            collectives, every rank calls it at the same step).
+            loss sum, 'events', 'ap_sum', 'ap_batches'}`` (e.g. to write a step checkpoint;
+            it may run collectives, every rank calls it at the same step).
         resume: accumulators an ``on_step`` call saved, to continue a partial epoch (the
             loader must start at step ``resume['steps']``, see ``loader.set_epoch``).
     Returns:

@@ -177,23 +177,20 @@ class BoundNegatives:
         distinct = n > k
         rounds = torch.zeros_like(neg) if distinct else None   # times each entry was redrawn
         rows = torch.arange(k, device=neg.device).view(k, 1)
-        for r in range(1, REDRAWS + 1):
+        for r in range(1, REDRAWS + 2):
             bad = neg == avoid.view(1, -1)
             if distinct:   # a redrawn entry yields to one drawn fewer times, then to lower j
                 bad |= _repeats(neg, rounds * k + rows)
             j, i = bad.nonzero(as_tuple=True)
             if j.numel() == 0:
                 break
+            if r > REDRAWS:   # still bad after every redraw: complete deterministically
+                self._complete(neg, bad, avoid, eid, key, distinct)
+                break
             h = hash_keys(key, eid[i], j + r * k)
             neg[j, i] = self.pool[uniform_below(h, torch.tensor(n))]
             if distinct:
                 rounds[j, i] += 1
-        else:
-            bad = neg == avoid.view(1, -1)
-            if distinct:
-                bad |= _repeats(neg, rounds * k + rows)
-            if bool(bad.any()):
-                self._complete(neg, bad, avoid, eid, key, distinct)
         return neg
 
     def _complete(self, neg: Tensor, bad: Tensor, avoid: Tensor, eid: Tensor, key: int,
