@@ -74,3 +74,18 @@ def test_fingerprint_sees_feature_label_and_mask_values():
         x = getattr(g, field).clone()
         x.view(-1)[0] += 1
         assert dataclasses.replace(g, **{field: x}).fingerprint() != g.fingerprint(), field
+
+
+def test_split_quantiles_match_torch_and_have_no_size_limit():
+    """The split times are torch.quantile's values bit for bit, and a stream longer than
+    torch.quantile's 2^24 limit still splits (its boundaries at 70 % and 85 % of t)."""
+    from tgl_dist.data.temporal import sorted_quantiles
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 3, 100, 1001, 59_835):
+        t = torch.sort(torch.rand(n, generator=g, dtype=torch.float64) * 1e6).values.round()
+        for qs in ([0.7, 0.85], [0.0, 1.0], [0.3, 0.5]):
+            want = torch.quantile(t, torch.tensor(qs, dtype=torch.float64)).tolist()
+            assert sorted_quantiles(t, qs) == want
+    E = 2**24 + 1
+    t = torch.arange(E, dtype=torch.float64)
+    assert sorted_quantiles(t, [0.7, 0.85]) == [0.7 * (E - 1), 0.85 * (E - 1)]

@@ -8,12 +8,23 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field, fields
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 OptTensor = Optional[Tensor]
+
+
+def sorted_quantiles(t: Tensor, qs: Sequence[float]) -> List[float]:
+    """Quantiles of the sorted times ``t [E]`` (E >= 1), interpolated linearly between
+    order statistics: the values ``torch.quantile`` gives, bit for bit, without its limit
+    of 2^24 elements (streams such as sx-stackoverflow are longer)."""
+    q = torch.tensor(qs, dtype=torch.float64)
+    rank = q * (t.numel() - 1)
+    below = rank.floor().long()
+    above = rank.ceil().long()
+    return torch.lerp(t[below], t[above], rank - below.to(torch.float64)).tolist()
 
 
 @dataclass
@@ -142,9 +153,7 @@ class TemporalGraph:
             self.masks = {k: z for k in ("train", "val", "test", "inductive_train",
                                          "new_node_val", "new_node_test")}
             return
-        q = torch.quantile(self.t, torch.tensor([1 - val_ratio - test_ratio, 1 - test_ratio],
-                                                  dtype=torch.float64))
-        val_time, test_time = float(q[0]), float(q[1])
+        val_time, test_time = sorted_quantiles(self.t, [1 - val_ratio - test_ratio, 1 - test_ratio])
         train = self.t <= val_time
         val = (self.t > val_time) & (self.t <= test_time)
         test = self.t > test_time
