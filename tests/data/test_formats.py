@@ -1,5 +1,6 @@
 """Each format on tiny hand-written files: exact values, remapping, features, separators."""
 import gzip
+import math
 
 import numpy as np
 import pytest
@@ -155,3 +156,14 @@ def test_chunked_reading_matches_and_keeps_line_numbers(tmp_path, monkeypatch):
     p.write_text("\n".join(text_lines))
     with pytest.raises(DataFormatError, match=f"line {bad_line}, field 'time'"):
         load_snap(p)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_temporal_graph_refuses_non_finite_times(bad):
+    """A NaN time used to give empty split masks and, on the torch sampling path, other
+    nodes' events; an infinite one an unusable split. Both constructors refuse them."""
+    src, dst = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])
+    with pytest.raises(ValueError, match="must be finite numbers: event 2 has t = "):
+        TemporalGraph(src, dst, torch.tensor([1.0, 2.0, bad]))
+    with pytest.raises(ValueError, match="must be finite numbers: event 0 has t = "):
+        TemporalGraph.sorted(src, dst, torch.tensor([bad, 2.0, 1.0]))

@@ -202,6 +202,10 @@ def test_bad_arguments():
     s = NeighborSampler(g.num_nodes, 1, 3, g)
     with pytest.raises(ValueError, match="root ids"):
         s.sample(torch.tensor([7]), torch.tensor([1.0]))
+    # "strictly before NaN" selects nothing sensible: refused, not answered differently by
+    # the two backends (the torch path used to return other nodes' rows)
+    with pytest.raises(ValueError, match="root 1 is NaN"):
+        s.sample(torch.tensor([0, 1]), torch.tensor([2.0, math.nan]))
 
 
 def _same_blocks(a, b):

@@ -216,8 +216,9 @@ def hash_tensor(h, name: str, x: OptTensor) -> None:
 
 def _check_events(src: Tensor, dst: Tensor, t: Tensor, edge_attr: OptTensor = None,
                   labels: OptTensor = None) -> int:
-    """E, after checking that ``src``, ``dst`` and ``t`` are 1-d of one length and that
-    ``edge_attr`` / ``labels`` (when given) have one row per event; else ``ValueError``."""
+    """E, after checking that ``src``, ``dst`` and ``t`` are 1-d of one length, that every
+    time is finite and that ``edge_attr`` / ``labels`` (when given) have one row per event;
+    else ``ValueError``."""
     E = src.numel()
     if src.dim() != 1 or dst.dim() != 1 or t.dim() != 1 or dst.numel() != E or t.numel() != E:
         raise ValueError(f"src, dst and t must be 1-d and have the same length, got shapes "
@@ -225,4 +226,8 @@ def _check_events(src: Tensor, dst: Tensor, t: Tensor, edge_attr: OptTensor = No
     for key, x in (("edge_attr", edge_attr), ("labels", labels)):
         if x is not None and (x.dim() == 0 or x.size(0) != E):
             raise ValueError(f"{key} has shape {list(x.shape)}, expected {E} rows (one per event)")
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        i = int((~finite).nonzero()[0])
+        raise ValueError(f"event times must be finite numbers: event {i} has t = {float(t[i])}")
     return E

@@ -251,6 +251,8 @@ class NeighborSampler:
             raise ValueError(f"nodes ({nodes.numel()}) and ts ({ts.numel()}) differ in length")
         if nodes.numel() and (lambda mm: int(mm[0]) < 0 or int(mm[1]) >= self.num_nodes)(torch.aminmax(nodes)):
             raise ValueError(f"root ids must lie in [0, {self.num_nodes})")
+        if bool(torch.isnan(ts).any()):  # "strictly before NaN" means nothing
+            raise ValueError(f"query time of root {int(torch.isnan(ts).nonzero()[0])} is NaN")
         blocks: List[Block] = []
         salt = self.salt(epoch)
         with num_threads(self.workers):
