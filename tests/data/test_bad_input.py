@@ -51,15 +51,29 @@ def test_too_many_fields_on_the_first_row_names_the_first_extra(tmp_path):
     check(ei, p, 2, "column 4 (unexpected)")
 
 
-def test_empty_field_is_a_missing_field(tmp_path):
+def test_empty_field_is_named(tmp_path):
+    """An empty comma-separated field is an error naming that field, also when the line's
+    field count still matches (an extra field after it used to shift the values)."""
     p = write(tmp_path / "out.x", "% h\n1,2,1,5\n1,,1,6\n")
     with pytest.raises(DataFormatError, match="field 2 is empty") as ei:
         load_konect(p, check_header=False)
-    check(ei, p, 3, "time")
-    p = write(tmp_path / "e.txt", "1,,3\n")
-    with pytest.raises(DataFormatError, match=r"found 2; field 2 is empty") as ei:
-        load_snap(p)
-    check(ei, p, 1, "time")
+    check(ei, p, 3, "dst")
+    for text, line, field in (("1,,3\n", 1, "dst"),          # count off by one
+                              ("0,1,10\n5,,6,7\n", 2, "dst"),  # count matches: 5, 6, 7 shifted
+                              ("0,1,10\n5,6,7,\n", 2, "feature_0"),
+                              (",1,2\n", 1, "src")):
+        p = write(tmp_path / "e.txt", text)
+        with pytest.raises(DataFormatError, match="is empty; expected a number") as ei:
+            load_snap(p)
+        check(ei, p, line, field)
+    p = write(tmp_path / "j.csv", JODIE_HEAD.replace("\n", ",f0,f1\n")
+              + "0,0,1,0,0.5,0.7\n1,1,2,,5,6,7\n")
+    with pytest.raises(DataFormatError, match="field 4 is empty") as ei:
+        load_jodie(p)
+    check(ei, p, 3, "state_label")
+    # a comment or header line may hold empty fields (DyGLib's header starts with a comma)
+    p = write(tmp_path / "c.txt", "# a,,b\n1,2,3\n")
+    assert load_snap(p).num_events == 1
 
 
 def test_non_numeric_id(tmp_path):

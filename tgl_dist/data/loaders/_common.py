@@ -185,7 +185,9 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
         if l1 <= l0:
             continue
         s0 = int(line_start[l0])
-        seg = raw[s0:int(line_end[l1 - 1])].replace(b",", b" ").replace(b"\t", b" ")
+        seg = raw[s0:int(line_end[l1 - 1])]
+        _refuse_empty_fields(path, seg, line_start[l0:l1] - s0, comment[l0:l1], l0, name)
+        seg = seg.replace(b",", b" ").replace(b"\t", b" ")
         ncols = _count_fields(seg, nl[l0:l1 - 1] - s0, l1 - l0)
         com = comment[l0:l1]
         data = np.flatnonzero(~com & (ncols > 0))
@@ -234,6 +236,45 @@ def looks_like_header(fields: Sequence[str]) -> bool:
 
 
 _CHUNK = 16 << 20
+
+
+# an empty comma-separated field: a leading comma, two commas with only blanks between
+# them, or a trailing comma (carriage returns are blanks by then)
+_EMPTY_FIELD = re.compile(rb"(?m)^[ \t]*,|,[ \t]*(?=,|$)")
+_COMMA, _LF, _SP, _TAB = (np.uint8(ord(c)) for c in ",\n \t")
+
+
+def _refuse_empty_fields(path: Path, seg: bytes, starts: np.ndarray, comment: np.ndarray,
+                         l0: int, name) -> None:
+    """Raise for the first empty comma-separated field (``1,,3``) on a data line of ``seg``
+    (lines ``l0 ..`` of the file starting at offsets ``starts`` in ``seg``; ``comment``
+    marks comment and header lines). Counting fields alone misses one when the line also
+    has an extra field, and the values after it would shift. Vectorised over the commas
+    (a regex scan only when a comma has a blank beside it, as in ``1, 2, 3``)."""
+    if b"," not in seg:
+        return
+    b = np.frombuffer(seg, dtype=np.uint8)
+    c = np.flatnonzero(b == _COMMA)
+    nxt = b[np.minimum(c + 1, b.size - 1)]
+    prv = b[np.maximum(c - 1, 0)]
+    last, first = c + 1 >= b.size, c == 0
+    if ((((nxt == _SP) | (nxt == _TAB)) & ~last).any()
+            or (((prv == _SP) | (prv == _TAB)) & ~first).any()):
+        hits = np.array([m.start() for m in _EMPTY_FIELD.finditer(seg)], dtype=np.int64)
+    else:
+        hits = c[last | (nxt == _COMMA) | (nxt == _LF) | first | (prv == _LF)]
+    if hits.size == 0:
+        return
+    rows = np.searchsorted(starts, hits, side="right") - 1
+    rows = rows[~comment[rows]]
+    if rows.size == 0:
+        return
+    i = int(rows[0])
+    end = int(starts[i + 1]) - 1 if i + 1 < starts.size else len(seg)
+    line = seg[int(starts[i]):end].decode("utf-8", "replace")
+    k = next(k for k, f in enumerate(line.split(","), 1) if not f.strip())
+    raise DataFormatError(path, f"field {k} is empty; expected a number", line=l0 + i + 1,
+                          field=name(k - 1))
 
 
 def _empty_note(raw: bytes, starts: np.ndarray, ends: np.ndarray, i: int) -> str:
