@@ -92,3 +92,18 @@ def test_an_unwritable_output_is_an_error_not_a_trace(tmp_path, capsys, monkeypa
     monkeypatch.setattr(writer, "partition_graph", denied)
     assert main(args) == 2
     assert capsys.readouterr().err == "error: [Errno 1] Operation not permitted: '/sys/kernel/x'\n"
+
+
+def test_synthetic_only_flags_with_a_file_are_an_error(tmp_path, capsys):
+    """--num-nodes / --num-events / --data-seed belong to the synthetic dataset: with a file
+    they are one error line (exit 2), not a TypeError from inside the loader."""
+    f = tmp_path / "a.txt"
+    f.write_text("0 1 1\n1 2 2\n2 0 3\n")
+    rc = main(["--data", str(f), "--format", "snap", "--num-nodes", "500", "--num-parts", "2",
+               "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: the snap loader takes no argument num_nodes" in err
+    assert "'synthetic' dataset" in err and not (tmp_path / "o").exists()
+    from tgl_dist.data import load_dataset
+    with pytest.raises(ValueError, match="synthetic generator takes no argument colour"):
+        load_dataset("synthetic", colour=1)

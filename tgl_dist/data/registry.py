@@ -16,6 +16,7 @@ says which file to put where and where to get it.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -123,6 +124,22 @@ class UnknownDatasetError(DatasetNotFoundError, ValueError):
     """Neither a file nor a known dataset name (a ``ValueError`` too, as before)."""
 
 
+def _call(fn, what: str, kw: dict, *args):
+    """``fn(*args, **kw)``, after refusing keywords ``fn`` does not take with a
+    ``ValueError`` that names them and what it takes (not a ``TypeError`` from inside)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        bad = sorted(set(kw) - set(params))
+        if bad:
+            takes = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY
+                     or (p.kind is p.POSITIONAL_OR_KEYWORD and n != "path")]
+            hint = (" (num_nodes, num_events and seed are for the 'synthetic' dataset)"
+                    if {"num_nodes", "num_events"} & set(bad) and fn is not generate_synthetic else "")
+            raise ValueError(f"{what} takes no argument {', '.join(bad)}; it takes "
+                             f"{', '.join(takes) or 'none'}{hint}")
+    return fn(*args, **kw)
+
+
 def _norm(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
@@ -156,11 +173,11 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
     if key == "synthetic":
         if format not in (None, "synthetic"):
             raise ValueError(f"'synthetic' is generated, not read: format={format!r} makes no sense")
-        return generate_synthetic(**kw)
+        return _call(generate_synthetic, "the synthetic generator", kw)
     path = Path(name_or_path).expanduser()
     if path.is_file():
         fmt = format or infer_format(path)
-        return get_loader(fmt)(path, **kw)
+        return _call(get_loader(fmt), f"the {fmt} loader", kw, path)
     if path.is_dir() and key not in KNOWN:
         return _load_dir(path, format, kw)
     if key in KNOWN:
@@ -170,7 +187,8 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
         if found is None:
             found = _fetch(spec, base, download)
         kw.setdefault("name", spec.name)
-        return get_loader(format or spec.format)(found, **kw)
+        fmt = format or spec.format
+        return _call(get_loader(fmt), f"the {fmt} loader", kw, found)
     if os.sep in str(name_or_path) or path.suffix:
         raise DatasetNotFoundError(f"no such file: {path}")
     raise UnknownDatasetError(f"unknown dataset {str(name_or_path)!r}: not a file and not a "
@@ -286,4 +304,5 @@ def _load_dir(path: Path, format: Optional[str], kw) -> TemporalGraph:
         raise DatasetNotFoundError(f"{path} is a directory with {len(cands)} candidate data files "
                                    f"({', '.join(c.name for c in cands[:8])}); pass the file itself")
     kw.setdefault("name", path.name)
-    return get_loader(format or infer_format(cands[0]))(cands[0], **kw)
+    fmt = format or infer_format(cands[0])
+    return _call(get_loader(fmt), f"the {fmt} loader", kw, cands[0])
