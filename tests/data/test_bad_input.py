@@ -1,6 +1,7 @@
 """Bad input: one clear DataFormatError naming the file, the line (or row) and the field."""
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -370,12 +371,13 @@ def test_pyg_file_without_events_is_rejected_like_a_text_file(tmp_path):
     check(ei, p, None, "src")
 
 
-@pytest.mark.parametrize("label,line", [("nan", 3), ("0.7", 2)])
+@pytest.mark.parametrize("label,line", [("nan", 3), ("0.7", 2), ("1e30", 2), ("-9.3e18", 3)])
 def test_dyglib_label_must_be_an_integer_class(tmp_path, label, line):
     rows = ["0,1,2,1,0,1", "1,2,3,2,0,2", "2,3,1,3,0,3"]
     rows[line - 2] = rows[line - 2].replace(",0,", f",{label},", 1)
     p = write(tmp_path / "ml_l.csv", ",u,i,ts,label,idx\n" + "\n".join(rows) + "\n")
-    with pytest.raises(DataFormatError, match=f"label must be an integer, got {float(label)!r}") as ei:
+    with pytest.raises(DataFormatError, match=f"label must be an integer below 2\\^63 in size, "
+                                              + re.escape(f"got {float(label)!r}")) as ei:
         load_dyglib(p)
     check(ei, p, line, "label")
 

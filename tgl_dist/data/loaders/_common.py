@@ -374,16 +374,17 @@ def finite_values(table: Table, col: int, field: str, what: str) -> np.ndarray:
 
 def int_labels(table: Table, col: int, field: str, what: str) -> np.ndarray:
     """Column ``col`` as int64 class labels (JODIE state labels, DyGLib ``label``); a NaN,
-    infinite or fractional label is an error naming ``what``.
+    infinite, fractional or out-of-int64 label is an error naming ``what``.
 
     Returns:
         labels, shape ``[R]``, int64.
     """
     x = table.values[:, col]
-    bad = ~np.isfinite(x) | (x != np.floor(x))
+    bad = ~np.isfinite(x) | (x != np.floor(x)) | (np.abs(x) >= 2.0 ** 63)
     if bad.any():
         r = int(np.flatnonzero(bad)[0])
-        raise table.error(r, field, f"{what} must be an integer, got {float(x[r])!r}")
+        raise table.error(r, field, f"{what} must be an integer below 2^63 in size, "
+                                    f"got {float(x[r])!r}")
     return x.astype(np.int64)
 
 
