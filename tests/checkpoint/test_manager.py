@@ -214,9 +214,14 @@ def test_refuses_corrupt_manifest_and_missing_or_truncated_dense(tmp_path):
     (d / "manifest_0.json").write_text(json.dumps({"format_version": 99}))
     with pytest.raises(CheckpointError, match="format_version 99 is not supported"):
         CheckpointManager(ck).load()
-    (ck / "VERSION").write_text("garbage")
-    with pytest.raises(CheckpointError, match="expected a version number"):
+    # one flipped top bit (bit rot, a bad copy): not UTF-8, still a CheckpointError
+    (d / "manifest_0.json").write_bytes(b'{"format_version": \xb1}')
+    with pytest.raises(CheckpointError, match="manifest_0.json: corrupt manifest .byte 19 is not UTF-8"):
         CheckpointManager(ck).load()
+    for text in (b"garbage", b"\xb1", "\u0661".encode()):   # the last: an Arabic-Indic digit
+        (ck / "VERSION").write_bytes(text)
+        with pytest.raises(CheckpointError, match="VERSION: expected a version number"):
+            CheckpointManager(ck).load()
 
 
 @pytest.mark.parametrize("field", ["world_size", "files", "run_meta", "meta"])

@@ -104,6 +104,21 @@ def test_bad_json(tmp_path):
     p.write_text(json.dumps({"foo": 1}))
     with pytest.raises(DataFormatError, match="unknown PyTorch Geometric Temporal layout"):
         load_pgt_json(p)
+    # the snapshot layout's own fields: each refused by name, none silently dropped
+    snap = {"edges": [[0, 1], [1, 2]], "X": [[0.0], [1.0], [2.0]], "y": [0.0, 1.0, 2.0]}
+    for doc, field, match in (
+            ({"0": snap, "1": {**snap, "y": [[0.0], [1.0], [2.0]]}}, "1.y",
+             r"expected 3 targets \(one number per node\), got shape \[3, 1\]"),
+            ({"0": snap, "1": snap, "3": snap}, "3", "'2' is missing but '3' is present"),
+            ({"0": snap, "time_periods": "one"}, "time_periods", "expected an integer"),
+            ({"0": snap, "node_ids": 3}, "node_ids", "expected a list of node ids")):
+        p.write_text(json.dumps(doc))
+        with pytest.raises(DataFormatError, match=match) as e:
+            load_pgt_json(p)
+        assert e.value.field == field
+    p.write_bytes(b'{"0": "\xe9"}')
+    with pytest.raises(DataFormatError, match="byte 7 is not UTF-8"):
+        load_pgt_json(p)
 
 
 def test_from_temporal_span_and_count():

@@ -188,6 +188,16 @@ def test_load_unknown_format_version(written):
         partition_load(written.parent, "metis", rank=0, world_size=2)
 
 
+def test_load_manifest_with_a_flipped_bit(written):
+    """A byte that is not UTF-8 (a flipped top bit) is named, not a UnicodeDecodeError."""
+    mpath = written / "manifest.json"
+    data = bytearray(mpath.read_bytes())
+    data[1] |= 0x80
+    mpath.write_bytes(bytes(data))
+    with pytest.raises(PartitionError, match=r"manifest.json: not valid JSON \(byte 1 is not UTF-8"):
+        partition_load(written.parent, "metis", rank=0, world_size=2)
+
+
 def test_load_truncated_file(written):
     f = written / "part_1" / "events.pt"
     f.write_bytes(f.read_bytes()[:-10])

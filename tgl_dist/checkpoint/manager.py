@@ -134,8 +134,8 @@ class CheckpointManager:
         f = self.path / "VERSION"
         if not f.is_file():
             return None
-        text = f.read_text().strip()
-        if not text.isdigit():
+        text = f.read_bytes().decode("utf-8", "replace").strip()
+        if not (text.isascii() and text.isdigit()):
             raise CheckpointError(f"{f}: expected a version number, found {text[:40]!r}")
         return int(text)
 
@@ -266,7 +266,9 @@ class CheckpointManager:
         if not p.is_file():
             raise CheckpointError(f"{p}: missing (checkpoint version not complete)")
         try:
-            m = json.loads(p.read_text())
+            m = json.loads(p.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"{p}: corrupt manifest (byte {e.start} is not UTF-8 text)") from None
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{p}: corrupt manifest (line {e.lineno}: {e.msg})") from None
         if not isinstance(m, dict):

@@ -115,6 +115,9 @@ def load_pgt_json(path: Union[str, Path], lags: int = 4, standardize: bool = Tru
             d = json.load(f)
     except json.JSONDecodeError as e:
         raise DataFormatError(path, f"not valid JSON: {e.msg}", line=e.lineno) from None
+    except UnicodeDecodeError as e:
+        raise DataFormatError(path, f"not a text file (byte {e.start} is not UTF-8); expected "
+                              f"JSON") from None
     if not isinstance(d, dict):
         raise DataFormatError(path, f"top level must be an object, got {type(d).__name__}")
     name = name or path.stem
@@ -135,11 +138,23 @@ def _snapshot_layout(path: Path, d: dict) -> GraphData:
     T = 0
     while str(T) in d:
         T += 1
-    if "time_periods" in d and int(d["time_periods"]) != T:
-        raise DataFormatError(path, f"time_periods says {d['time_periods']} but snapshot keys "
-                              f"'0'..'{T - 1}' are present", field="time_periods")
+    stray = sorted((k for k in d if k.isdigit() and int(k) >= T), key=int)
+    if stray:
+        raise DataFormatError(path, f"snapshot keys must run '0'..'{T - 1}' without a gap: "
+                              f"'{T}' is missing but '{stray[0]}' is present", field=stray[0])
+    if "time_periods" in d:
+        tp = d["time_periods"]
+        if isinstance(tp, bool) or not isinstance(tp, (int, float)) or tp != int(tp):
+            raise DataFormatError(path, f"expected an integer number of snapshots, got {tp!r:.40}",
+                                  field="time_periods")
+        if int(tp) != T:
+            raise DataFormatError(path, f"time_periods says {tp} but snapshot keys "
+                                  f"'0'..'{T - 1}' are present", field="time_periods")
     first = d["0"]
     if "node_ids" in d:
+        if not isinstance(d["node_ids"], (list, dict)):
+            raise DataFormatError(path, f"expected a list of node ids, got "
+                                  f"{type(d['node_ids']).__name__}", field="node_ids")
         N = len(d["node_ids"])
     elif "X" in first:
         N = len(first["X"])
@@ -177,8 +192,9 @@ def _snapshot_layout(path: Path, d: dict) -> GraphData:
             raise DataFormatError(path, f"expected [{N}, {xs[0].size(1)}] features, got "
                                   f"{tuple(x.shape)}", field=f"{t}.X")
     for t, y in enumerate(ys):
-        if y.size(0) != N:
-            raise DataFormatError(path, f"expected {N} targets, got {y.size(0)}", field=f"{t}.y")
+        if tuple(y.shape) != (N,):
+            raise DataFormatError(path, f"expected {N} targets (one number per node), got shape "
+                                  f"{list(y.shape)}", field=f"{t}.y")
     counts = torch.tensor([e.size(1) for e in eis], dtype=torch.long)
     g = GraphData(torch.cat(eis, 1) if eis else torch.zeros(2, 0, dtype=torch.long), N)
     g.edge()["time"] = torch.repeat_interleave(torch.arange(T), counts)

@@ -185,7 +185,9 @@ def read_manifest(folder: Path) -> Dict:
         raise PartitionError(f"{path} not found: {folder} is not a tgl_dist partition "
                              f"(write one with `python -m tgl_dist.partition`)")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise PartitionError(f"{path}: not valid JSON (byte {e.start} is not UTF-8 text)") from None
     except json.JSONDecodeError as e:
         raise PartitionError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
     if not isinstance(manifest, dict):
