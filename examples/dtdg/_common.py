@@ -35,12 +35,12 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def model_name(text: str) -> str:
-    """argparse ``type=`` of ``--model``: a known model name or alias (kept as given)."""
+    """argparse ``type=`` of ``--model``: a known model name or alias, as its canonical name
+    (so a checkpoint written with ``egcn_o`` resumes with ``evolvegcn-o``)."""
     try:
-        canonical_name(text)
+        return canonical_name(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
 
 def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epochs: int,
@@ -113,11 +113,15 @@ def run(doc: str, task: str, **defaults) -> dict:
 
 def _checkpointing(args, ctx, trainer, info, every) -> RunCheckpoint:
     """Wire --checkpoint-dir / --checkpoint-every / --resume into the trainer's hooks."""
+    # what must match on resume: the partition (data, algorithm, part count) and the
+    # arguments that change results; not where or how this run executes (device, backend,
+    # threads, timeout, paths), so a GPU run resumes on the CPU and back, as for CTDG
     run_meta = {"partition": partition_identity(read_manifest(info["path"])),
                 "args": {k: v for k, v in vars(args).items()
                          if k not in ("epochs", "checkpoint_dir", "checkpoint_every", "resume",
                                       "checkpoint_keep_every", "log_level", "timeout", "root",
-                                      "parts", "data", "threads")}}  # data: in the partition
+                                      "parts", "data", "threads", "device", "backend",
+                                      "num_parts", "algo")}}
     ck = RunCheckpoint(args.checkpoint_dir, every, run_meta=run_meta, resume=args.resume,
                        keep_every=args.checkpoint_keep_every, group=ctx.get_default_group())
     saved = ck.load() if ck.enabled else None

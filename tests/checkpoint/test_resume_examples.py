@@ -122,7 +122,12 @@ def test_dtdg_resume_mid_epoch_is_bitwise(tmp_path, script, model):
     _run([*args, "--checkpoint-dir", str(tmp_path / "part")], tmp_path,
          fault="rank=0,epoch=1,step=3,action=raise", ok=False)
     assert checkpoint_diff(tmp_path / "ck", tmp_path / "part")
-    res = _run([*args, "--checkpoint-dir", str(tmp_path / "part"), "--resume"], tmp_path)
+    # resumed with the same run spelled differently: a model alias, the device and backend
+    # named (where a run executes is not part of what must match), the default part count
+    same = [a for a in args if a not in ("--device", "cpu")]
+    same[same.index(model)] = {"evolvegcn-o": "egcn_o"}[model]
+    res = _run([*same, "--device", "auto", "--backend", "gloo", "--num-parts", "1",
+                "--checkpoint-dir", str(tmp_path / "part"), "--resume"], tmp_path)
     assert checkpoint_diff(tmp_path / "ck", tmp_path / "part") == []
     keys = [k for k in full if k.startswith(("test_", "dev_", "baseline_"))] + ["best_epoch", "epochs"]
     assert keys and {k: res[k] for k in keys} == {k: full[k] for k in keys}

@@ -121,7 +121,7 @@ def test_good_arguments_and_aliases_still_parse():
     p = _common().build_parser("Train.", "d", "evolvegcn-o", 10, 0.01, 30, 4)
     args, _ = parse_run_arguments(p, ["--model", "egcn_o", "--log-level", "info",
                                       "--weight-decay", "0", "--node-embedding", "0"])
-    assert (args.model, args.log_level, args.weight_decay) == ("egcn_o", "INFO", 0.0)
+    assert (args.model, args.log_level, args.weight_decay) == ("evolvegcn-o", "INFO", 0.0)
 
 
 def test_a_hist_len_longer_than_the_data_is_an_error_not_a_trace(tmp_path):
