@@ -270,3 +270,42 @@ def test_a_checkpoint_path_that_is_a_file_is_a_checkpoint_error(tmp_path):
         CheckpointManager(f)
     with pytest.raises(CheckpointError, match="cannot create the checkpoint folder"):
         CheckpointManager(f / "ck")
+
+
+def test_versions_without_version_file_are_refused_not_replaced(tmp_path):
+    """A copy that lost VERSION is not 'nothing committed': no silent restart that would
+    prune the copied versions. A lone v000001 (a crash before the first commit) still is."""
+    ck = tmp_path / "ck"
+    m = CheckpointManager(ck, keep_every=1)
+    for epoch in range(3):
+        m.save({"w": torch.full((3,), float(epoch))}, {"m": torch.ones(2)}, {"epoch": epoch + 1})
+    (ck / "VERSION").unlink()
+    kept = sorted(p.name for p in ck.iterdir())
+    for call in (lambda: CheckpointManager(ck).load(), lambda: CheckpointManager(ck).save({}, {})):
+        with pytest.raises(CheckpointError, match=r"VERSION: missing, but the folder holds "
+                                                  r"v000002, v000003 .*\(e.g. 3\)"):
+            call()
+    assert sorted(p.name for p in ck.iterdir()) == kept
+    (ck / "VERSION").write_text("3")
+    assert torch.equal(CheckpointManager(ck).load()[0]["w"], torch.full((3,), 2.0))
+    lone = tmp_path / "lone"
+    CheckpointManager(lone).save({"w": torch.ones(1)}, {}, {"epoch": 1})
+    (lone / "VERSION").unlink()
+    assert CheckpointManager(lone).committed_version() is None
+
+
+def test_a_full_disk_is_a_checkpoint_error_and_keeps_the_committed_version(tmp_path, monkeypatch):
+    import errno
+    ck = tmp_path / "ck"
+    CheckpointManager(ck).save({"w": torch.ones(3)}, {"m": torch.ones(2)}, {"step": 1})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointError, match=r"v000002/dense.pt: cannot be written \(No space "
+                                              r"left on device\); the previously committed"):
+        CheckpointManager(ck).save({"w": torch.zeros(3)}, {"m": torch.zeros(2)}, {"step": 2})
+    monkeypatch.undo()
+    assert not [p for p in (ck / "v000002").iterdir() if p.name.startswith(".")]
+    dense, _, meta = CheckpointManager(ck).load()
+    assert torch.equal(dense["w"], torch.ones(3)) and meta == {"step": 1}

@@ -46,12 +46,20 @@ class CheckpointError(TGLDistError, ValueError):
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync, rename. An OS error (a
+    full disk, a lost mount) removes the temporary file and is a :class:`CheckpointError`
+    naming ``path``; the committed version is untouched (it is not ``path``'s folder)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"{path}: cannot be written ({e.strerror or e}); the previously "
+                              f"committed version is kept") from None
 
 
 def _save(path: Path, obj: Any) -> Dict[str, Any]:
@@ -133,6 +141,15 @@ class CheckpointManager:
         """The committed version number, or ``None`` when nothing was committed."""
         f = self.path / "VERSION"
         if not f.is_file():
+            # a crash before the first commit leaves at most v000001; later versions are
+            # only written after VERSION exists, so they without it mean a partial copy
+            later = sorted(p.name for p in self.path.glob("v*")
+                           if _VDIR.match(p.name) and int(p.name[1:]) > 1)
+            if later:
+                raise CheckpointError(
+                    f"{f}: missing, but the folder holds {', '.join(later)} (copied without "
+                    f"VERSION?); write the number of the version to continue from into it "
+                    f"(e.g. {int(later[-1][1:])}), or remove {self.path} to start over")
             return None
         text = f.read_bytes().decode("utf-8", "replace").strip()
         if not (text.isascii() and text.isdigit()):
