@@ -345,6 +345,8 @@ PYG_OK = {"src": [0, 1, 2], "dst": [1, 2, 0], "t": [1.0, 2.0, 3.0]}
     ({"t": [1.0, float("inf"), 3.0]}, "t", 1, "finite"),
     ({"msg": torch.tensor([[0.0], [1.0], [float("nan")]])}, "msg", 2, "must be finite"),
     ({"src": ["a", "b", "c"]}, "src", None, "expected a tensor of numbers"),
+    ({"src": [0.0, 1e30, 2.0]}, "src", 1, "non-negative integer, got 1.0000"),   # beyond int64
+    ({"dst": [1, 2, 10**12]}, "dst", 2, "node id 1000000000000: ids are kept as given"),
 ])
 def test_pyg_file_shapes_and_values_are_checked(tmp_path, change, field, line, match):
     p = tmp_path / "d.pt"

@@ -41,7 +41,8 @@ def from_pyg(data, name: str = "pyg", num_nodes: Optional[int] = None) -> Tempor
     Raises:
         DataFormatError: naming the field (and the row, as ``line``): a missing
             ``src``/``dst``/``t``, a value that is not a 1-d tensor of real numbers, lengths
-            that differ, a negative or fractional node id (or one ``>= num_nodes``), a NaN,
+            that differ, a negative or fractional node id (or one ``>= num_nodes``, or one
+            ``>= 2^31``: ids are kept, so they would need that many nodes), a NaN,
             infinite or negative time, ``msg`` or ``y`` without one row per event, a NaN or
             infinite ``msg`` or ``y`` value.
     """
@@ -63,6 +64,13 @@ def from_pyg(data, name: str = "pyg", num_nodes: Optional[int] = None) -> Tempor
         raise DataFormatError(_WHERE, f"t[{r}] = {t[r].item()!r}: times must be finite and >= 0",
                               line=r, field="t")
     top = int(max(int(src.max()), int(dst.max()))) if E else -1
+    if top >= MAX_NODES:
+        k = "src" if int(src.max()) == top else "dst"
+        r = int(torch.nonzero((src if k == "src" else dst) == top)[0])
+        raise DataFormatError(_WHERE, f"node id {top}: ids are kept as given (PyG's convention), "
+                              f"so this stream would have {top + 1:,} nodes, more than "
+                              f"{MAX_NODES:,}; renumber them 0..N-1 first (torch.unique(ids, "
+                              f"return_inverse=True))", line=r, field=k)
     N = top + 1 if num_nodes is None or num_nodes < 0 else int(num_nodes)
     if top >= N:
         k = "src" if int(src.max()) == top else "dst"
@@ -87,6 +95,11 @@ def from_pyg(data, name: str = "pyg", num_nodes: Optional[int] = None) -> Tempor
                                 name=name, **extra)
 
 
+# node ids are kept, so the largest one sets the node count; past this many nodes the
+# per-node arrays (memory, mailbox: hundreds of bytes a node) could not be held anyway
+MAX_NODES = 2 ** 31
+
+
 def _real_tensor(x, field: str, allow_bool: bool) -> Tensor:
     """``x`` as a tensor of real numbers (ints or floats; bools if ``allow_bool``)."""
     try:
@@ -103,7 +116,7 @@ def _node_ids(x: Tensor, field: str) -> Tensor:
     """Node ids ``[E]`` as int64; each must be a non-negative integer (floats such as 3.0 pass)."""
     bad = x < 0
     if x.is_floating_point():
-        bad |= ~torch.isfinite(x) | (x != torch.floor(x))
+        bad |= ~torch.isfinite(x) | (x != torch.floor(x)) | (x >= 2.0 ** 63)
     if bool(bad.any()):
         r = int(torch.nonzero(bad)[0])
         raise DataFormatError(_WHERE, f"node id must be a non-negative integer, got {x[r].item()!r}",
