@@ -160,6 +160,14 @@ def test_graph_data_validation():
     g.node()["y"] = torch.zeros(2, 4)
     with pytest.raises(ValueError, match=r"node\(\)\['y'\] has 2 rows"):
         g.validate()
+    # no silent truncation: 1.9 is not node 1, and snapshot 0.5 is no snapshot
+    with pytest.raises(ValueError, match="edge_index must hold integer node ids, got 1.9"):
+        GraphData(torch.tensor([[0.0, 1.9], [1.0, 2.0]], dtype=torch.float64), 3)
+    assert GraphData(torch.tensor([[0.0, 1.0], [1.0, 2.0]]), 3).edge_index.dtype == torch.long
+    g.node()["y"] = torch.zeros(3, 4)
+    g.edge()["time"] = torch.tensor([0.5, 1.5])
+    with pytest.raises(ValueError, match="integer snapshot indices, got dtype torch.float32"):
+        g.validate()
 
 
 def test_nan_or_infinite_signal_and_fractional_edge_ids(tmp_path):

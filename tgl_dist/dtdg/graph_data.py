@@ -45,6 +45,18 @@ class Snapshot:
     num_nodes: int
 
 
+def _integers(x: Tensor, what: str) -> Tensor:
+    """``x`` as int64 when every value is an integer (``3.0`` passes); else ``ValueError``
+    naming ``what`` and the first bad value (no silent truncation of ``1.9`` to 1)."""
+    if x.is_complex() or x.dtype == torch.bool:
+        raise ValueError(f"{what} must hold integer node ids, got dtype {x.dtype}")
+    if x.is_floating_point():
+        bad = ~torch.isfinite(x) | (x != torch.floor(x))
+        if bool(bad.any()):
+            raise ValueError(f"{what} must hold integer node ids, got {x[bad][0].item()!r}")
+    return x.long()
+
+
 class GraphData:
     """A snapshot sequence: edges with a snapshot index, per-snapshot node data, metadata.
 
@@ -70,7 +82,7 @@ class GraphData:
     """
 
     def __init__(self, edge_index: Tensor, num_nodes: int) -> None:
-        edge_index = torch.as_tensor(edge_index, dtype=torch.long)
+        edge_index = _integers(torch.as_tensor(edge_index), "edge_index")
         if edge_index.dim() != 2 or edge_index.size(0) != 2:
             raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
         if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
@@ -125,6 +137,9 @@ class GraphData:
             if v.size(0) != E:
                 raise ValueError(f"edge()['{k}'] has {v.size(0)} rows, expected E={E}")
         time = self._edge["time"]
+        if time.is_floating_point() or time.dtype == torch.bool or time.is_complex():
+            raise ValueError(f"edge()['time'] must hold integer snapshot indices, got dtype "
+                             f"{time.dtype}")
         if time.numel() and (int(time.min()) < 0 or int(time.max()) >= T):
             raise ValueError(f"edge()['time'] must lie in [0, {T}), got [{int(time.min())}, "
                              f"{int(time.max())}]")
