@@ -207,6 +207,27 @@ def test_gradients_are_averaged_over_ranks():
     assert (g0 == g1).all()
 
 
+def _none_grad_worker():
+    from tgl_dist import DistributedContext
+    from tgl_dist.models.parallel import reduce_gradients
+    ctx = DistributedContext.init()
+    a, b, c = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+    a.grad = torch.full((3,), float(ctx.rank + 1))
+    if ctx.rank == 0:
+        b.grad = torch.full((3,), 4.0)
+    reduce_gradients([a, b, c])
+    return [None if p.grad is None else p.grad.tolist() for p in (a, b, c)]
+
+
+@pytest.mark.distributed
+def test_a_parameter_without_gradient_on_every_rank_keeps_none():
+    """As in one process, where autograd leaves it None and Adam skips it: a zero gradient
+    would move it by Adam's momentum, and 2 ranks would leave the 1-process trajectory (an
+    EvolveGCN-H window with no edge did). One rank's gradient still counts."""
+    for out in run_distributed(_none_grad_worker, 2):
+        assert out == [[1.5] * 3, [2.0] * 3, None]
+
+
 @pytest.mark.parametrize("name", ["TGN", "DyRep", "TGAT"])
 def test_dedup_of_node_time_pairs_and_event_ids_is_exact(name, monkeypatch):
     """Computing once per distinct (node, time) / event id gives the per-row result."""

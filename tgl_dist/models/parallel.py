@@ -69,16 +69,18 @@ class PendingGradients:
         if self.flat is None:
             return
         flat, self.flat = self.flat.wait(), None
+        present = flat[-len(self.params):].tolist()   # ranks that had a gradient, per parameter
         if self.divisor != 1:
             flat /= self.divisor
         off = 0
-        for p in self.params:
+        for p, k in zip(self.params, present):
             n = p.numel()
-            g = flat[off:off + n].view_as(p)
-            if p.grad is None:
-                p.grad = g.clone()
+            if k == 0:      # no rank had one: no gradient, as in one process (Adam skips it)
+                p.grad = None
+            elif p.grad is None:
+                p.grad = flat[off:off + n].view_as(p).clone()
             else:
-                p.grad.copy_(g)
+                p.grad.copy_(flat[off:off + n].view_as(p))
             off += n
 
 
@@ -88,7 +90,9 @@ def reduce_gradients(params: Iterable[nn.Parameter], group=None, average: bool =
     flat all-reduce (collective).
 
     Parameters without a gradient on this rank count as zero gradient, so every rank
-    contributes a buffer of the same size. CTDG training averages
+    contributes a buffer of the same size; one without a gradient on EVERY rank keeps
+    none (``grad = None``), as it would in one process, so Adam skips it there too (a
+    zero gradient would still move it by its momentum). CTDG training averages
     (:func:`all_reduce_gradients`); the DTDG trainer sums, its losses being normalised by
     global counts already. With ``async_op=True`` it returns at once a
     :class:`PendingGradients`; call its ``wait()`` before the optimizer step.
@@ -98,7 +102,9 @@ def reduce_gradients(params: Iterable[nn.Parameter], group=None, average: bool =
     if not params:
         return PendingGradients([], None, 1) if async_op else None
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in params])
+                      for p in params]
+                     + [torch.tensor([float(p.grad is not None) for p in params],
+                                     dtype=params[0].dtype, device=params[0].device)])
     pending = PendingGradients(params, all_reduce_async(flat, group), ws if average else 1)
     if async_op:
         return pending
@@ -111,7 +117,8 @@ def all_reduce_gradients(module: nn.Module, group=None,
     """Average the gradients of ``module``'s parameters over ranks (one flat all-reduce).
 
     Parameters without a gradient on this rank count as zero gradient, so every rank
-    contributes a buffer of the same size (collective).
+    contributes a buffer of the same size; one without a gradient on every rank keeps
+    none (collective).
 
     With ``async_op=True`` it returns at once a :class:`PendingGradients`; call its
     ``wait()`` before the optimizer step. Other collectives can run meanwhile:
