@@ -27,6 +27,7 @@ from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
 from tgl_dist.dtdg.build import canonical_name  # noqa: E402
+from tgl_dist.dtdg.loaders import past_signal_features  # noqa: E402
 from tgl_dist.dtdg.partition import partition_path  # noqa: E402
 from tgl_dist.partition.storage import read_manifest, written_from  # noqa: E402
 
@@ -91,6 +92,8 @@ def _prepare(args, ctx, task: str):
             g = load_dtdg(args.data, args.root or default_root(), lags=args.lags, span=span)
             if task == "link_pred":     # counts -> log scale, plus per-snapshot degrees of the full graph
                 x = g.node().get("x")
+                if g.meta().get("layout") == "node_signal":   # no signal after a snapshot's period
+                    x = past_signal_features(g)
                 deg = degree_features(g)
                 g.node()["x"] = deg if x is None else torch.cat([torch.sign(x) * x.abs().log1p(), deg], -1)
                 g.meta()["name"] = f"{g.name}-lp"

@@ -186,3 +186,25 @@ def test_nan_or_infinite_signal_and_fractional_edge_ids(tmp_path):
         load_pgt_json(p)
     p.write_text(json.dumps({"edges": [[0, 1.0]], "FX": fx}))       # integral floats are ids
     assert load_pgt_json(p).edge_index[:, 0].tolist() == [0, 1]
+
+
+def test_link_prediction_signal_features_end_at_their_snapshot(tmp_path):
+    """past_signal_features: snapshot s holds periods s-L+1..s, so a window predicting the
+    edges of period t (snapshots up to t-1) sees no signal of period t or later; the PGT
+    layout's own x looks L-1 periods ahead (right for node regression only)."""
+    from tgl_dist.dtdg import past_signal_features
+    T_total, N, L = 12, 3, 4
+    sig = [[float(100 * p + n) for n in range(N)] for p in range(T_total)]
+    doc = {"edges": [[0, 1], [1, 2]], "FX": sig}
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(doc))
+    g = load_pgt_json(p, lags=L, standardize=False)
+    f = past_signal_features(g)
+    assert f.shape == (N, T_total - L, L)
+    for s in range(T_total - L):
+        want = [[0.0 if q < 0 else sig[q][n] for q in range(s - L + 1, s + 1)] for n in range(N)]
+        assert f[:, s].tolist() == want
+    # the PGT features of snapshot s do reach period s + L - 1
+    assert g.node()["x"][0, 0].tolist() == [sig[q][0] for q in range(L)]
+    with pytest.raises(ValueError, match="needs a node-signal graph"):
+        past_signal_features(GraphData(torch.tensor([[0], [1]]), 2))

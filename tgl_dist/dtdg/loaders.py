@@ -286,6 +286,26 @@ def degree_features(g: GraphData, log: bool = True) -> Tensor:
     return out.log1p() if log else out
 
 
+def past_signal_features(g: GraphData) -> Tensor:
+    """Link-prediction inputs of a node-signal graph: ``[N, T, lags]`` whose snapshot ``s``
+    holds the signal of periods ``s - lags + 1 .. s`` (zeros before period 0).
+
+    The signal layout follows PGT: ``x[:, s] = signal[s : s + lags]`` beside the edges of
+    period ``s``, which is right for node regression (its target is ``signal[s + lags]``)
+    but looks ``lags - 1`` periods past the edges: a link predictor of period ``t`` reading
+    snapshots up to ``t - 1`` would see the signal of periods ``t ..``. These features end
+    at each snapshot's own period. Built from ``x`` and ``y`` (standardised alike).
+    """
+    if g.meta().get("layout") != "node_signal":
+        raise ValueError(f"past_signal_features needs a node-signal graph (layout "
+                         f"'node_signal'), got layout {g.meta().get('layout')!r}")
+    x, y = g.node()["x"], g.node()["y"]                          # [N, T, L], [N, T]
+    N, T, L = x.shape
+    signal = torch.cat([x[:, 0, :], y], 1)                       # periods 0 .. T + L - 1
+    padded = torch.cat([signal.new_zeros(N, L - 1), signal], 1)  # column p + L - 1: period p
+    return padded.unfold(1, L, 1)[:, :T].contiguous()            # s: periods s - L + 1 .. s
+
+
 def _month_index(t: Tensor) -> Tensor:
     months = np.asarray(t.numpy(), dtype="datetime64[s]").astype("datetime64[M]").astype(np.int64)
     return torch.from_numpy(months - months.min())
