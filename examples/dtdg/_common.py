@@ -98,7 +98,7 @@ def _prepare(args, ctx, task: str):
                 g.node()["x"] = deg if x is None else torch.cat([torch.sign(x) * x.abs().log1p(), deg], -1)
                 g.meta()["name"] = f"{g.name}-lp"
             path = partition_path(args.parts, g.name, args.algo, num_parts)
-            if not written_from(path, g.fingerprint()):
+            if not written_from(path, g.fingerprint(), seed=args.seed):
                 g.save_partition(args.parts, num_parts, args.algo, seed=args.seed, force=True)
             info = {"path": str(path), "name": g.meta()["name"]}
         except (TGLDistError, ValueError, OSError) as e:   # OSError: --parts not writable

@@ -158,6 +158,17 @@ def written(toy_graph, tmp_path):
     return partition_graph(toy_graph, 2, "metis", tmp_path)
 
 
+def test_written_from_checks_the_data_and_optionally_the_seed(written, toy_graph):
+    """What the examples ask before reusing a partition: same data, and (DTDG, whose
+    --seed covers partitioning) the same seed; else they write it again."""
+    from tgl_dist.partition.storage import written_from
+    fp = toy_graph.fingerprint()
+    assert written_from(written, fp) and written_from(written, fp, seed=0)
+    assert not written_from(written, fp, seed=1)
+    assert not written_from(written, "0" * 16)
+    assert not written_from(written.parent / "nope", fp)
+
+
 def test_load_missing_folder_lists_existing(written):
     with pytest.raises(PartitionError, match=r"metis_3 not found .*partitions in .*: metis_2"):
         partition_load(written.parent, "metis", rank=0, world_size=3)

@@ -22,7 +22,7 @@ import shutil
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Dict, Iterator, Optional
 
 import torch
 
@@ -251,14 +251,16 @@ def unreadable_reason(path: Path, exc: BaseException) -> str:
     return f"cannot be read ({type(exc).__name__}: {first[:200]})"
 
 
-def written_from(folder: Path, fingerprint: str) -> bool:
+def written_from(folder: Path, fingerprint: str, seed: Optional[int] = None) -> bool:
     """Whether ``folder`` holds a readable partition whose manifest records the data
-    ``fingerprint`` (``False``: absent, unreadable, or written from other data, so a
-    caller that partitions on first use writes it again)."""
+    ``fingerprint`` (and, when given, the partitioning ``seed``). ``False``: absent,
+    unreadable, or written from other data or with another seed, so a caller that
+    partitions on first use writes it again."""
     try:
-        return read_manifest(folder).get("fingerprint") == fingerprint
+        m = read_manifest(folder)
     except PartitionError:
         return False
+    return m.get("fingerprint") == fingerprint and (seed is None or m.get("seed") == seed)
 
 
 def verify_files(folder: Path, manifest: Dict, prefix: str = "") -> None:
