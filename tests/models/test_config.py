@@ -88,3 +88,52 @@ def test_a_folder_or_binary_file_is_a_config_error(tmp_path):
     (tmp_path / "bin.yml").write_bytes(b"\xff\xfe\x00\x01")
     with pytest.raises(ConfigError, match=r"bin.yml: <file>: not a text file"):
         load_config(tmp_path / "bin.yml")
+
+
+APAN = (CONFIGS / "APAN.yml").read_text()
+
+
+@pytest.mark.parametrize("text, old, new, field, match", [
+    (TGN, "    lr: 0.0001\n", "    lr: 0.0001\n    lr: 0.1\n", "<yaml>",
+     r"key 'lr' appears twice in one mapping \(lines \d+ and \d+\)"),
+    (APAN, "attention_head: 2", "attention_head: 3", "memory.attention_head",
+     "dim_out 100 is not divisible by attention_head 3"),
+    (APAN, "layer: 1", "layer: 2", "sampling.neighbor", r"expected 2 fan-outs .* got \[10\]"),
+    (TGN, "duration: 0", "duration: 10000", "sampling.duration", "not implemented"),
+])
+def test_what_a_config_file_cannot_mean_is_refused_when_read(tmp_path, text, old, new, field, match):
+    """Each used to load: a repeated key silently kept its last value, the others failed
+    later inside the model or sampler (a trace naming no file) or were silently ignored."""
+    assert old in text
+    path = _write(tmp_path, text.replace(old, new, 1))
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(path)
+    assert e.value.field_path == field and str(e.value).startswith(str(path))
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"sampling": {"prop_time": True}}, "sampling.prop_time"),
+    ({"sampling": {"history": 3}}, "sampling.history"),
+    ({"train": {"reorder": 7}}, "train.reorder"),
+    ({"gnn": {"layer": 2}}, "gnn.layer"),
+    ({"gnn": {"att_head": 3}}, "gnn.att_head"),
+])
+def test_replace_checks_the_fields_together_as_a_file_is(over, field):
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "TGN.yml").replace(**over)
+    assert e.value.field_path == field
+    ok = load_config(CONFIGS / "TGAT.yml").replace(sampling={"layer": 1, "neighbor": [10]},
+                                                   gnn={"layer": 1})
+    assert (ok.sampling.layer, ok.gnn.layer) == (1, 1)
+
+
+def test_tgn_attention_heads_must_divide_its_query_when_built():
+    """The 'tgn' attention's query width (node + time) depends on the data's features, so
+    its check runs in build_model, as a ConfigError naming gnn.att_head."""
+    from tgl_dist.models import build_model
+    cfg = load_config(CONFIGS / "TGN_DyGLib.yml")
+    assert cfg.gnn.att_variant == "tgn"
+    bad = cfg.replace(gnn={"att_head": 7})
+    with pytest.raises(ConfigError, match=r"172 \(node\) \+ 100 \(time\) = 272 values over heads: not divisible by att_head 7") as e:
+        build_model(bad, 0, 0)
+    assert e.value.field_path == "gnn.att_head"

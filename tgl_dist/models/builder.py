@@ -124,6 +124,13 @@ def build_model(cfg: ModelConfig, dim_node_feat: int = 0, dim_edge_feat: int = 0
         d_out = gnn.dim_out or mem.dim_out
         layers, d_in = [], node_dim
         for _ in range(gnn.layer):
+            if gnn.att_variant == "tgn" and (d_in + gnn.dim_time) % gnn.att_head:
+                # known only here: the node input's width depends on the data's features
+                raise ConfigError("gnn.att_head", f"the 'tgn' attention splits its query of "
+                                                  f"{d_in} (node) + {gnn.dim_time} (time) = "
+                                                  f"{d_in + gnn.dim_time} values over heads: not "
+                                                  f"divisible by att_head {gnn.att_head}",
+                                  cfg.name)
             att_cls = TGNAttention if gnn.att_variant == "tgn" else TemporalAttention
             layers.append(att_cls(d_in, dim_edge_feat, gnn.dim_time, d_out, gnn.att_head,
                                   tr.dropout, tr.att_dropout))

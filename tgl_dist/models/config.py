@@ -197,12 +197,16 @@ class ModelConfig:
         return self.memory.type == "node"
 
     def replace(self, **sections: Mapping[str, Any]) -> "ModelConfig":
-        """A copy with fields overridden, e.g. ``cfg.replace(train={'lr': 1e-3})``."""
+        """A copy with fields overridden, e.g. ``cfg.replace(train={'lr': 1e-3})``; checked
+        as a config file is (each field, then the fields together)."""
         kw = {}
         for name, over in sections.items():
+            if name not in _SECTIONS:
+                raise ConfigError(name, f"unknown section; known: {list(_SECTIONS)}")
             cur = dataclasses.asdict(getattr(self, name))
             cur.update(over)
             kw[name] = _section(_SECTIONS[name], cur, name, None)
+        _check_combination({n: kw.get(n, getattr(self, n)) for n in _SECTIONS}, None)
         return dataclasses.replace(self, **kw)
 
 
@@ -255,6 +259,13 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
                                     f"{', '.join(missing)}: a config needs {', '.join(_REQUIRED)} "
                                     f"(node_embedding is optional)", source)
     secs = {k: _section(cls, raw.get(k), k, source) for k, cls in _SECTIONS.items()}
+    _check_combination(secs, source)
+    return ModelConfig(name=name, **secs)
+
+
+def _check_combination(secs: Mapping[str, Any], source: Optional[str]) -> None:
+    """The checks that involve more than one field (``parse_config`` and
+    ``ModelConfig.replace``): ``ConfigError`` naming the field."""
     mem, gnn, smp = secs["memory"], secs["gnn"], secs["sampling"]
     if smp.prop_time:
         raise ConfigError("sampling.prop_time", "True (deeper hops query at the root time) is "
@@ -264,12 +275,23 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
         raise ConfigError("sampling.history", f"snapshot history is not implemented for "
                                               f"event streams: expected 1, got {smp.history}",
                           source)
+    if smp.duration != 0:
+        raise ConfigError("sampling.duration", f"a time window on the neighbours (TGL's "
+                                               f"window_duration) is not implemented: expected "
+                                               f"0 (all of the past), got {smp.duration}", source)
+    if not smp.no_sample and len(smp.neighbor) != smp.layer:
+        raise ConfigError("sampling.neighbor", f"expected {smp.layer} fan-outs (one per "
+                                               f"layer), got {list(smp.neighbor)}", source)
     if mem.type == "node":
         if mem.dim_out <= 0:
             raise ConfigError("memory.dim_out", "a node memory needs dim_out > 0", source)
         if mem.memory_update in ("gru", "rnn") and mem.mailbox_size != 1:
             raise ConfigError("memory.mailbox_size", f"the {mem.memory_update} updater reads one "
                                                      f"mail: expected 1, got {mem.mailbox_size}",
+                              source)
+        if mem.memory_update == "transformer" and mem.dim_out % mem.attention_head:
+            raise ConfigError("memory.attention_head", f"dim_out {mem.dim_out} is not divisible "
+                                                       f"by attention_head {mem.attention_head}",
                               source)
         if mem.time_delta == "mail" and mem.memory_update not in ("gru", "rnn"):
             raise ConfigError("memory.time_delta", f"'mail' needs the gru or rnn updater, got "
@@ -283,9 +305,6 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
         if gnn.layer != smp.layer:
             raise ConfigError("gnn.layer", f"must equal sampling.layer ({smp.layer}), got "
                                            f"{gnn.layer}", source)
-        if len(smp.neighbor) != smp.layer:
-            raise ConfigError("sampling.neighbor", f"expected {smp.layer} fan-outs (one per "
-                                                   f"layer), got {list(smp.neighbor)}", source)
         if gnn.dim_time <= 0:
             raise ConfigError("gnn.dim_time", "attention layers need dim_time > 0", source)
         dim_out = gnn.dim_out or mem.dim_out
@@ -304,14 +323,34 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
     if tr.reorder and tr.batch_size % tr.reorder:
         raise ConfigError("train.reorder", f"must divide train.batch_size {tr.batch_size}, got "
                                            f"{tr.reorder}", source)
-    return ModelConfig(name=name, **secs)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (plain YAML loading
+    keeps the last one, so ``lr: 0.0001`` then ``lr: 0.1`` would train at 0.1 silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: Dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = lines.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:       # an unhashable key: the base class reports it
+                break
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping (lines {first} and "
+                    f"{key_node.start_mark.line + 1}); the second would silently replace the "
+                    f"first", key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def load_config(path: Union[str, Path]) -> ModelConfig:
-    """Read and validate a YAML config; the model name is the file stem."""
+    """Read and validate a YAML config; the model name is the file stem. A key given twice
+    in one mapping is an error."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise ConfigError("<file>", "config file not found", str(path)) from None
     except IsADirectoryError:
