@@ -53,6 +53,11 @@ def non_negative_int(text: str) -> int:
     return _number(text, int, "a non-negative integer", lambda v: v >= 0)
 
 
+def seed_int(text: str) -> int:
+    """argparse ``type=``: a seed, an integer in ``[0, 2^32)`` (what numpy's seeding takes)."""
+    return _number(text, int, "a seed in [0, 2^32)", lambda v: 0 <= v < 2 ** 32)
+
+
 def positive_float(text: str) -> float:
     """argparse ``type=``: a finite number > 0 (``nan``, ``inf`` are refused)."""
     return _number(text, float, "a positive finite number", lambda v: v > 0)

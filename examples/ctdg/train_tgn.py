@@ -55,7 +55,7 @@ from tgl_dist.checkpoint import (RunCheckpoint, capture,  # noqa: E402
                                  config_dict, partition_identity, restore)
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, file_path,  # noqa: E402
                           folder_path, init_context, non_negative_int, parse_run_arguments,
-                          positive_int, run_script)
+                          positive_float, positive_int, run_script, seed_int)
 from tgl_dist.dist import all_gather_v, broadcast_object  # noqa: E402
 from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
@@ -82,12 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parts", type=folder_path, default="parts", help="partition root (OUT of python -m tgl_dist.partition)")
     p.add_argument("--partition-algo", default="metis_for_tgnn", help="partitioner used on first use")
     p.add_argument("--repartition", action="store_true", help="partition again even if a partition exists")
-    p.add_argument("--epochs", type=int, default=None, help="override train.epoch")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--epochs", type=positive_int, default=None, help="override train.epoch")
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="override train.batch_size (events per step over ALL ranks)")
-    p.add_argument("--lr", type=float, default=None, help="override train.lr")
-    p.add_argument("--seed", type=int, default=0, help="seed of parameters and negatives")
-    p.add_argument("--patience", type=int, default=None,
+    p.add_argument("--lr", type=positive_float, default=None, help="override train.lr")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of parameters and negatives")
+    p.add_argument("--patience", type=positive_int, default=None,
                    help="early stopping on validation AP (override train.patience, default 5)")
     p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test)")
     p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the model's threads: TGN on wikipedia, 2 cores, 16,600-16,800 "
                         "training events/s without it, 14,550 with 2; else 4)")
     p.add_argument("--metrics-csv", type=file_path, default=None, help="per-epoch CSV (default: <parts>/<data>/metrics_<model>_<P>.csv)")
-    p.add_argument("--num-nodes", type=int, default=None, help="synthetic: nodes")
-    p.add_argument("--num-events", type=int, default=None, help="synthetic: events")
-    p.add_argument("--data-seed", type=int, default=None, help="synthetic: generator seed")
+    p.add_argument("--num-nodes", type=positive_int, default=None, help="synthetic: nodes")
+    p.add_argument("--num-events", type=positive_int, default=None, help="synthetic: events")
+    p.add_argument("--data-seed", type=seed_int, default=None, help="synthetic: generator seed")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     add_run_arguments(p)
     return p

@@ -20,7 +20,8 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 from tgl_dist.checkpoint import RunCheckpoint, partition_identity  # noqa: E402
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, folder_path,  # noqa: E402
                           init_context, non_negative_float, non_negative_int,
-                          parse_run_arguments, positive_float, positive_int, run_script)
+                          parse_run_arguments, positive_float, positive_int, run_script,
+                          seed_int)
 from tgl_dist.data.registry import default_root  # noqa: E402
 from tgl_dist.dist import broadcast_object  # noqa: E402
 from tgl_dist.errors import TGLDistError  # noqa: E402
@@ -66,7 +67,7 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
                    help="early stopping: epochs without a better validation (dev) metric")
     p.add_argument("--lr", type=positive_float, default=lr, help="learning rate (Adam)")
     p.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="Adam weight decay")
-    p.add_argument("--seed", type=int, default=0, help="random seed (parameters, partitioning, sampling)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (parameters, partitioning, sampling)")
     p.add_argument("--algo", default="metis", help="partitioning algorithm (random | metis)")
     p.add_argument("--num-parts", type=positive_int, default=None, help="must equal the world size (default: it)")
     p.add_argument("--lags", type=positive_int, default=lags, help="PGT node-signal files: features = this many past values")

@@ -94,3 +94,17 @@ def test_mrr_does_not_depend_on_the_order_of_the_events():
         pos, neg = torch.randn(n, generator=g), torch.randn(n, 9, generator=g)
         perm = torch.randperm(n, generator=g)
         assert mrr(pos, neg) == mrr(pos[perm], neg[perm])   # bitwise: any gathering order
+
+
+@pytest.mark.parametrize("where", ["pos", "neg", "neg_k"])
+def test_non_finite_scores_are_a_clear_error(where):
+    """A diverged model (e.g. --lr 1e30) gives NaN logits: one error saying so, not
+    scikit-learn's 'Input contains NaN' from deep inside the evaluation."""
+    from tgl_dist.metrics import NonFiniteScoresError
+    pos, neg, neg_k = torch.tensor([0.9, 0.1]), torch.tensor([0.2, 0.4]), torch.rand(2, 3)
+    {"pos": pos, "neg": neg, "neg_k": neg_k}[where].view(-1)[1] = math.nan
+    m = LinkPredMetrics()
+    m.update(pos, neg, neg_k)
+    with pytest.raises(NonFiniteScoresError, match="1 of .* scores are NaN or infinite: the "
+                                                   "model diverged"):
+        m.compute()

@@ -14,6 +14,19 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from torch import Tensor
 
 from tgl_dist.dist.exchange import all_gather_v
+from tgl_dist.errors import TGLDistError
+
+
+class NonFiniteScoresError(TGLDistError, ValueError):
+    """Evaluation scores that are NaN or infinite (a diverged model): nothing to rank."""
+
+
+def _check_finite(scores: Tensor) -> None:
+    bad = int((~torch.isfinite(scores)).sum())
+    if bad:
+        raise NonFiniteScoresError(f"{bad} of {scores.numel()} evaluation scores are NaN or "
+                                   f"infinite: the model diverged (a learning rate too high?), "
+                                   f"and AP / AUC / MRR cannot rank them")
 
 
 def average_precision(pos: Tensor, neg: Tensor) -> float:
@@ -51,7 +64,8 @@ class LinkPredMetrics:
 
     ``update(pos, neg)`` with ``pos [B]`` and ``neg [B]`` (one negative per positive,
     for AP/AUC); optionally ``neg_k [B, k]`` for MRR. ``compute(group)`` is a
-    collective: every rank must call it, even with no scores.
+    collective: every rank must call it, even with no scores. NaN or infinite scores (a
+    diverged model) raise :class:`NonFiniteScoresError` on every rank.
 
     Scores are ranked at float32 precision, also those of a float64 model. Scores that
     are equal in exact arithmetic come out of 1 and N ranks with different rounding
@@ -78,6 +92,7 @@ class LinkPredMetrics:
         pos = torch.cat(self.pos) if self.pos else torch.zeros(0)
         neg = torch.cat(self.neg) if self.neg else torch.zeros(0)
         pos, neg = all_gather_v(pos, group), all_gather_v(neg, group)
+        _check_finite(torch.cat([pos, neg]))   # every rank holds the same: all raise alike
         out = {"ap": float("nan"), "auc": float("nan"), "num": int(pos.numel())}
         if pos.numel() and neg.numel():
             out["ap"] = average_precision(pos, neg)
@@ -90,6 +105,7 @@ class LinkPredMetrics:
             pk = torch.cat(self.pos) if self.neg_k else torch.zeros(0)
             nk = torch.cat(self.neg_k) if self.neg_k else torch.zeros(0, int(k))
             pk, nk = all_gather_v(pk, group), all_gather_v(nk, group)
+            _check_finite(nk)
             out["mrr"] = mrr(pk, nk)
         return out
 
