@@ -137,3 +137,13 @@ def test_tgn_attention_heads_must_divide_its_query_when_built():
     with pytest.raises(ConfigError, match=r"172 \(node\) \+ 100 \(time\) = 272 values over heads: not divisible by att_head 7") as e:
         build_model(bad, 0, 0)
     assert e.value.field_path == "gnn.att_head"
+
+
+def test_a_node_embedding_that_could_never_train_is_refused(tmp_path):
+    """DyRep scores its updated memory; a node_embedding table there got no gradient and
+    kept its initial values, silently."""
+    text = (CONFIGS / "DyRep.yml").read_text() + "node_embedding: {dim: 16, lr: 0.01}\n"
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError, match="would never be trained") as e:
+        load_config(path)
+    assert e.value.field_path == "node_embedding"

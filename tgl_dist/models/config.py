@@ -315,6 +315,11 @@ def _check_combination(secs: Mapping[str, Any], source: Optional[str]) -> None:
                                               f"att_head {gnn.att_head}", source)
     if gnn.output == "memory" and mem.type != "node":
         raise ConfigError("gnn.output", "'memory' needs memory.type: node", source)
+    if gnn.output == "memory" and secs["node_embedding"].enabled:
+        raise ConfigError("node_embedding", "gnn.output is 'memory' (DyRep): the scores read the "
+                                            "updated memory, which no node input reaches with a "
+                                            "gradient, so the table would never be trained: "
+                                            "remove node_embedding", source)
     if mem.mail_dst_embedding and (gnn.arch != "transformer_attention"
                                    or (gnn.dim_out or mem.dim_out) != mem.dim_out):
         raise ConfigError("memory.mail_dst_embedding", "needs attention embeddings of size "
