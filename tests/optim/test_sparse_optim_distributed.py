@@ -119,3 +119,27 @@ def test_two_ranks_equal_one_rank(tmp_path):
     rest = torch.ones(N, dtype=torch.bool)
     rest[touched] = False
     assert torch.equal(d0["final"][rest], d0["init"][rest])
+
+
+def _mismatch_worker(field: str) -> str:
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    kw = {"dim": D, "grad_reduction": "sum"}
+    if ctx.rank == 1:
+        kw = {"dim": D + 1, "grad_reduction": "sum"} if field == "dim" else {"dim": D, "grad_reduction": "mean"}
+    emb = DistEmbedding(N, kw["dim"], PartitionBook(_owner()), "e",
+                        grad_reduction=kw["grad_reduction"])
+    try:
+        emb(torch.arange(5))
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("field, shown", [("dim", f"[{D}, {D + 1}]"), ("grad_reduction", "['sum', 'mean']")])
+def test_ranks_that_disagree_on_the_table_get_a_clear_error(field, shown):
+    """Another width used to abort inside gloo (gloo::EnforceNotMet) at the first lookup;
+    another reduction would have been applied silently by each row's owner."""
+    for msg in run_distributed(_mismatch_worker, 2, field):
+        assert msg == f"DistEmbedding 'e': the ranks built the table with different {field}: {shown} (rank order)"

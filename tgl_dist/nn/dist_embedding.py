@@ -40,6 +40,9 @@ _MADV_HUGEPAGE = 14          # Linux <sys/mman.h>
 _HUGE_MIN_BYTES = 32 << 20
 
 
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
 def empty_rows(n: int, d: int, dtype: torch.dtype = torch.float32,
                device: Optional[torch.device | str] = None) -> Tensor:
     """``torch.empty(n, d)`` for a large per-row table; fill it before use.
@@ -238,6 +241,7 @@ class DistEmbedding(nn.Module):
         self.owned_ids = owned.to(device=weight.device, dtype=torch.long).clone()
         self._anchor = torch.zeros(0, requires_grad=True)
         self._grads: List[Tuple[Tensor, Tensor]] = []
+        self._agreed = ws == 1
         log.debug("DistEmbedding '%s': rank %d holds %d of %d rows (D=%d)",
                   name, rank, owned.numel(), self.num_nodes, self.dim)
 
@@ -264,12 +268,30 @@ class DistEmbedding(nn.Module):
             bad = ids[(ids < 0) | (ids >= self.num_nodes)][0]
             raise ValueError(f"DistEmbedding '{self.name}': id {int(bad)} is out of range "
                              f"[0, {self.num_nodes})")
+        if not self._agreed:
+            self._check_agreement()
         uniq, inverse = torch.unique(ids.cpu(), return_inverse=True)
         if torch.is_grad_enabled():
             rows = _Lookup.apply(self._anchor, uniq, self)
         else:
             rows = self._fetch(*self.book.locate(uniq))
         return rows.index_select(0, inverse.to(rows.device))
+
+    def _check_agreement(self) -> None:
+        """At the first lookup (already a collective): every rank's table must have the same
+        shape, dtype and gradient reduction; rows of another width would abort the exchange
+        inside gloo / NCCL, and another reduction would be applied silently by its owners."""
+        mine = [self.num_nodes, self.dim, ("sum", "mean").index(self.grad_reduction),
+                _DTYPES.index(self.weight.dtype) if self.weight.dtype in _DTYPES else -1]
+        every = all_gather_v(torch.tensor([mine], dtype=torch.long), group=self.group).tolist()
+        for i, field in enumerate(("num_nodes", "dim", "grad_reduction", "dtype")):
+            if len({row[i] for row in every}) > 1:
+                shown = [("sum", "mean")[row[i]] if field == "grad_reduction" else
+                         str(_DTYPES[row[i]]) if field == "dtype" and row[i] >= 0 else row[i]
+                         for row in every]
+                raise ValueError(f"DistEmbedding '{self.name}': the ranks built the table with "
+                                 f"different {field}: {shown} (rank order)")
+        self._agreed = True
 
     def _fetch(self, owner: Tensor, local: Tensor) -> Tensor:
         """Rows ``[u, D]`` at (owner rank, local row) of unique nodes (collective).
