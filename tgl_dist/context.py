@@ -233,6 +233,10 @@ class DistributedContext:
             raise ValueError("backend='nccl' needs use_gpu=True (NCCL runs on GPUs only)")
         device = torch.device("cpu")
         if use_gpu:
+            if world_size > 1 and os.environ.get("LOCAL_RANK") is None:
+                raise ValueError(f"WORLD_SIZE={world_size} on GPUs but LOCAL_RANK is not set: "
+                                 f"each process needs its own GPU, chosen by LOCAL_RANK "
+                                 f"(torchrun sets it)")
             device = torch.device("cuda", _gpu_of(local_rank, backend))
             torch.cuda.set_device(device)
         td = datetime.timedelta(seconds=timeout)
@@ -280,7 +284,7 @@ class DistributedContext:
         """Print from every rank in rank order (collective: every rank must call it)."""
         for r in range(self.world_size):
             if r == self.rank:
-                print(f"[rank {self.rank}]", *args, **kwargs, flush=True)
+                print(f"[rank {self.rank}]", *args, **{**kwargs, "flush": True})
                 sys.stdout.flush()
             self.barrier()
 

@@ -233,6 +233,25 @@ def test_more_processes_than_gpus(monkeypatch):
         _gpu_of(1, "nccl")
 
 
+def test_several_gpu_processes_need_local_rank(monkeypatch):
+    """Without LOCAL_RANK every process took local rank 0, so all picked cuda:0 and NCCL
+    failed later with its own 'Duplicate GPU' error: refused at init, saying why."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for k, v in {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(ValueError, match="WORLD_SIZE=2 on GPUs but LOCAL_RANK is not set"):
+        DistributedContext.init(backend="gloo", use_gpu=True)
+
+
+def test_sync_print_takes_print_keywords(capsys):
+    ctx = DistributedContext.init(use_gpu=False)
+    ctx.sync_print("a", "b", sep="-", flush=True)   # flush= used to be passed twice
+    assert capsys.readouterr().out == "[rank 0]-a-b\n"
+
+
 def _comm_device_worker():
     from tgl_dist.dist import all_gather_v, comm_device
     DistributedContext.init(use_gpu=False)

@@ -78,3 +78,44 @@ def test_async_all_reduce_world_of_one():
     from tgl_dist.dist import all_reduce_async
     x = torch.ones(3)
     assert all_reduce_async(x).wait() is x
+
+
+def _edge_worker():
+    from tgl_dist import DistributedContext
+    from tgl_dist.dist.exchange import Plan, all_reduce_
+    ctx = DistributedContext.init(use_gpu=False)
+    out = {}
+    base = torch.full((3, 4), -1.0)
+    base[:, ::2] = float(ctx.rank + 1)
+    all_reduce_(base[:, ::2])            # a strided view: reduce it, leave the rest alone
+    out["view"] = base.tolist()
+    try:
+        Plan(torch.tensor([0, 2]))       # rank 2 does not exist in a world of two
+    except ValueError as e:
+        out["plan"] = str(e)
+    rows = torch.zeros(0) if ctx.rank == 0 else torch.zeros(2, 3)
+    try:
+        all_gather_v(rows)
+    except ValueError as e:
+        out["shape"] = str(e)
+    return out
+
+
+@pytest.mark.distributed
+def test_collectives_refuse_or_handle_what_used_to_corrupt_or_abort():
+    """A strided all-reduce used to reduce the storage's first elements (wrong sums, a
+    neighbour's columns overwritten); a destination rank outside the group and rows of
+    another shape aborted inside gloo. Each rank must raise alike, or no rank does."""
+    for out in run_distributed(_edge_worker, 2):
+        assert out["view"] == [[3.0, -1.0, 3.0, -1.0]] * 3
+        assert out["plan"] == "destination rank 2 is outside the group's ranks 0..1"
+        assert out["shape"] == "all_gather_v: the ranks' rows differ in shape (rank 0: []; rank 1: [3])"
+
+
+def test_all_gather_v_world_of_one_is_a_copy_and_refuses_scalars():
+    x = torch.arange(3.0)
+    y = all_gather_v(x)
+    y[0] = 9.0
+    assert x[0] == 0.0                    # as with several ranks: not the caller's tensor
+    with pytest.raises(ValueError, match="needs at least one dimension"):
+        all_gather_v(torch.tensor(5.0))

@@ -110,6 +110,10 @@ class Plan:
         _, ws = world(group)
         self.group = group
         self.perm = torch.sort(dest, stable=True).indices
+        if dest.numel() and not 0 <= int(dest.min()) <= int(dest.max()) < ws:
+            bad = dest[(dest < 0) | (dest >= ws)][0]
+            raise ValueError(f"destination rank {int(bad)} is outside the group's ranks "
+                             f"0..{ws - 1}")
         counts = torch.bincount(dest, minlength=ws)
         recv = all_to_all_counts(counts, group)
         self.send_counts: List[int] = counts.tolist()
@@ -212,26 +216,41 @@ def all_reduce_async(t: Tensor, group=None, op=None) -> Pending:
     Other collectives may run on ``group`` before ``wait()``: on gloo they proceed while
     this one is in flight (its worker threads take the queued operations in turn), on
     NCCL they queue behind it. ``t`` must not be read or written before ``wait()``. In a
-    world of one nothing is sent and ``wait()`` returns ``t``.
+    world of one nothing is sent and ``wait()`` returns ``t``. A non-contiguous ``t`` (a
+    slice) is reduced through a contiguous copy, written back by ``wait()``.
     """
     if world(group)[1] == 1:
         return Pending(t)
     c = _to(t, comm_device(group))
+    if not c.is_contiguous():   # the backends reduce the storage, not the view
+        c = c.contiguous()
     return Pending(t, _guard(lambda: dist.all_reduce(c, op=op or dist.ReduceOp.SUM, group=group,
                                                      async_op=True), "all_reduce"), c)
 
 
 def all_gather_v(x: Tensor, group=None) -> Tensor:
     """Concatenate every rank's ``x`` (sizes may differ) in rank order, on every rank."""
+    if x.dim() == 0:
+        raise ValueError("all_gather_v concatenates rows: x needs at least one dimension "
+                         "(a scalar: x.view(1))")
     _, ws = world(group)
     if ws == 1:
-        return x
+        return x.clone()    # a new tensor, as with several ranks
     home = x.device
     x = _to(x, comm_device(group))
-    n = torch.tensor([x.size(0)], dtype=torch.long, device=x.device)
+    if x.dim() > 8:
+        raise ValueError(f"all_gather_v supports rows of at most 7 dimensions, got {x.dim() - 1}")
+    # each rank's row count and row shape (-1 pads): another row shape is an error here,
+    # not an abort inside the backend
+    head = [x.size(0), x.dim(), *x.shape[1:]] + [-1] * (8 - x.dim())
+    n = torch.tensor(head, dtype=torch.long, device=x.device)
     sizes = [torch.zeros_like(n) for _ in range(ws)]
     _guard(lambda: dist.all_gather(sizes, n, group=group), "all_gather sizes")
-    sizes = [int(s) for s in sizes]
+    shapes = [tuple(s[1:].tolist()) for s in sizes]
+    if len(set(shapes)) > 1:
+        rows = [f"rank {r}: {list(sh[1:1 + sh[0] - 1])}" for r, sh in enumerate(shapes)]
+        raise ValueError(f"all_gather_v: the ranks' rows differ in shape ({'; '.join(rows)})")
+    sizes = [int(s[0]) for s in sizes]
     m = max(sizes)
     pad = x.new_zeros((m,) + tuple(x.shape[1:]))
     pad[: x.size(0)] = x
