@@ -65,8 +65,16 @@ def _worker(root):
     full = TemporalNeighborSampleGraph(pdata, "full")
     part = TemporalNeighborSampleGraph(pdata, "partitioned")
     nodes, ts = _roots(pdata)
+    # the reference's graph.edge_attr[roots.eids]: global ids of this rank's own events
+    own = graph.split_events("train").eid[-7:].flip(0)
+    try:
+        graph.edge_attr[pdata.edge_book.owned_ids(1 - ctx.rank)[:1]]
+        remote = "no error"
+    except ValueError as e:
+        remote = str(e)
     out = {"nf": (ask_n, nf), "ef": (ask_e, ef), "roots": (nodes, ts),
-           "part_events": part.num_events, "full_events": full.num_events}
+           "part_events": part.num_events, "full_events": full.num_events,
+           "by_eid": (own, graph.edge_attr[own], graph.edge_attr.shape, remote)}
     for policy in ("recent", "uniform"):
         sf = NeighborSampler(N, 2, [10, 5], full, policy=policy, seed=7)
         sp = NeighborSampler(N, 2, [10, 5], part, policy=policy, seed=7)
@@ -91,6 +99,10 @@ def test_two_ranks_match_one_process(parts):
     assert res[1]["nf"][1].shape == (0, 2)
     eids, ef = res[1]["ef"]
     assert torch.equal(ef, g.edge_attr[eids])
+    for r in range(2):   # rank 1 used to get the rows of other events, silently
+        own, rows, shape, remote = res[r]["by_eid"]
+        assert own.numel() == 7 and torch.equal(rows, g.edge_attr[own])
+        assert shape[1] == g.edge_attr.size(1) and "owned by another rank" in remote
     # full mode holds every event; partitioned only the rank's neighbourhoods
     assert res[0]["full_events"] == res[1]["full_events"] == g.num_events
     assert res[0]["part_events"] < g.num_events and res[1]["part_events"] < g.num_events

@@ -100,6 +100,13 @@ def test_bad_arguments():
         _mb(book=PartitionBook(OWNER), n=6)
     with pytest.raises(ValueError, match="reduce_Op"):
         _mb().set_mailbox_all_to_all(torch.tensor([0]), None, None, None, None, reduce_Op="sum")
+    # the reference's ts = roots.ts (one per root: 3B with negatives) used to fail with an
+    # IndexError deep inside the dedup; the times of the events are roots.t
+    B = 2
+    with pytest.raises(ValueError, match=r"one entry per positive event; got 2, 2, 6 .*roots.t"):
+        _mb().get_update_mail(torch.arange(3 * B), torch.tensor([0, 1]), torch.tensor([2, 3]),
+                              torch.zeros(3 * B, dtype=torch.float64), torch.zeros(B, D_E),
+                              torch.zeros(3 * B, D_MEM))
 
 
 # ---------------------------------------------------------------- 2 ranks vs 1 process

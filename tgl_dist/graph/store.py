@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -74,6 +74,50 @@ class EventSet:
         return EventSet(self.src[idx], self.dst[idx], self.t[idx], self.eid[idx], self.name)
 
 
+class GlobalRows:
+    """A rank's table of owned rows, indexed by GLOBAL ids: ``rows[eids]`` is the reference's
+    ``graph.edge_attr[roots.eids]``.
+
+    It gives ``local[book.to_local(eids)]`` after checking that this rank owns every id:
+    a plain local tensor indexed by global ids would return other events' rows on every
+    rank but the first, silently. An id owned elsewhere is a ``ValueError`` (fetch those
+    with the collective ``get_edge_feat``). ``local`` is the table itself ``[e, F]``;
+    ``shape``, ``dtype``, ``device``, ``size()`` and ``len()`` are its.
+    """
+
+    def __init__(self, local: Tensor, to_rows: Callable[[Tensor], Tensor]) -> None:
+        self.local, self._to_rows = local, to_rows
+
+    def __getitem__(self, ids) -> Tensor:
+        ids = torch.as_tensor(ids)
+        if ids.dtype == torch.bool or ids.is_floating_point():
+            raise TypeError(f"index with global ids (int64), got dtype {ids.dtype}; a mask "
+                            f"over this rank's rows indexes .local")
+        return self.local.index_select(0, self._to_rows(ids.reshape(-1))).view(
+            *ids.shape, *self.local.shape[1:])
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.local.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.local.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.local.device
+
+    def size(self, dim: Optional[int] = None):
+        return self.local.size() if dim is None else self.local.size(dim)
+
+    def __len__(self) -> int:
+        return int(self.local.size(0))
+
+    def __repr__(self) -> str:
+        return f"GlobalRows(local rows {list(self.local.shape)}, indexed by global id)"
+
+
 class DistributedGraphStore:
     """One rank's share of the graph and the lookups of remote features.
 
@@ -86,8 +130,10 @@ class DistributedGraphStore:
     Attributes:
         rank, num_parts, num_nodes (N), num_events (E), book (node book), edge_book
         (event book), ids ``[n]``, node_feat ``[n, F_n]`` or None, edge_index ``[2, e]``,
-        edge_ts ``[e]``, eids ``[e]``, edge_attr ``[e, F_e]`` or None, masks (split
-        name -> ``[e]`` bool), sample_graph (every event touching an owned node).
+        edge_ts ``[e]``, eids ``[e]``, edge_attr (:class:`GlobalRows` over ``[e, F_e]``:
+        ``edge_attr[eids]`` takes global event ids of owned events; ``edge_attr.local`` is
+        the table) or None, masks (split name -> ``[e]`` bool), sample_graph (every event
+        touching an owned node).
     """
 
     def __init__(self, pdata: Any) -> None:
@@ -103,13 +149,15 @@ class DistributedGraphStore:
         self.edge_index: Tensor = pdata.edge_index
         self.edge_ts: Tensor = pdata.edge_ts
         self.eids: Tensor = pdata.eids
-        self.edge_attr: OptTensor = pdata.edge_attr
+        self._edge_table: OptTensor = pdata.edge_attr
+        self.edge_attr: Optional[GlobalRows] = (None if pdata.edge_attr is None else
+                                                GlobalRows(pdata.edge_attr, self.local_edge_rows))
         self.sample_graph = pdata.sample_graph
         self.masks = {"all": torch.ones(self.eids.numel(), dtype=torch.bool)}
         for name in SPLITS[1:]:
             self.masks[name] = getattr(pdata, f"{name}_mask")
         self.node_feat_dim = 0 if self.node_feat is None else int(self.node_feat.size(1))
-        self.edge_feat_dim = 0 if self.edge_attr is None else int(self.edge_attr.size(1))
+        self.edge_feat_dim = 0 if self._edge_table is None else int(self._edge_table.size(1))
 
     # ------------------------------------------------------------ local views
     def split_events(self, split: str) -> EventSet:
@@ -131,9 +179,9 @@ class DistributedGraphStore:
 
     def local_edge_feat(self, eids: Tensor) -> OptTensor:
         """Features of owned events ``[n, F_e]`` (no communication), or None."""
-        if self.edge_attr is None:
+        if self._edge_table is None:
             return None
-        return self.edge_attr.index_select(0, self.local_edge_rows(eids))
+        return self._edge_table.index_select(0, self.local_edge_rows(eids))
 
     # ----------------------------------------------------------- collectives
     @staticmethod
@@ -164,7 +212,7 @@ class DistributedGraphStore:
 
         Collective over ``group`` (default world): every rank must call it.
         """
-        return self._fetch(self.edge_book, self.edge_attr, eids, group)
+        return self._fetch(self.edge_book, self._edge_table, eids, group)
 
     def __repr__(self) -> str:
         return (f"DistributedGraphStore(rank={self.rank}/{self.num_parts}, "

@@ -185,7 +185,9 @@ class SharedMailBox:
                 raise ValueError(f"num_nodes={num_nodes} but the partition book gives rank "
                                  f"{self.rank} {owned} owned nodes")
         elif self.world_size > 1:
-            raise ValueError("a SharedMailBox in a world of several ranks needs partition_book")
+            raise ValueError("a SharedMailBox in a world of several ranks needs partition_book: "
+                             "the partition's node book, pdata.book (it says which rank owns "
+                             "each node's memory)")
         self.num_nodes = int(num_nodes)
         self.dim_memory = int(_param(memory_param, "dim_out"))
         self.mailbox_size = int(_param(memory_param, "mailbox_size", 1) or 1)
@@ -340,8 +342,14 @@ class SharedMailBox:
             order u_1, v_1, u_2, v_2, ... then neighbour copies, later wins); with
             ``'mean'`` every mail (the owners average them).
         """
+        B = src.numel()
+        if dst.numel() != B or ts.numel() != B or (eids is not None and eids.numel() != B):
+            raise ValueError(
+                f"get_update_mail: src, dst, ts{', eids' if eids is not None else ''} need one "
+                f"entry per positive event; got {B}, {dst.numel()}, {ts.numel()}"
+                f"{'' if eids is None else f', {eids.numel()}'} (the events' times are "
+                f"roots.t; roots.ts has one time per root, also for negatives)")
         with torch.no_grad():
-            B = src.numel()
             me_u = (embedding if use_src_emb else memory)[src].detach()
             me_v = (embedding if use_src_emb else memory)[dst].detach()
             ot_v = (embedding if use_dst_emb else memory)[dst].detach()
