@@ -233,10 +233,13 @@ class DistributedContext:
             raise ValueError("backend='nccl' needs use_gpu=True (NCCL runs on GPUs only)")
         device = torch.device("cpu")
         if use_gpu:
-            if world_size > 1 and os.environ.get("LOCAL_RANK") is None:
-                raise ValueError(f"WORLD_SIZE={world_size} on GPUs but LOCAL_RANK is not set: "
+            if (world_size > 1 and os.environ.get("LOCAL_RANK") is None
+                    and torch.cuda.device_count() > 1):   # one visible GPU: it is this one's
+                raise ValueError(f"WORLD_SIZE={world_size} on a machine showing "
+                                 f"{torch.cuda.device_count()} GPUs but LOCAL_RANK is not set: "
                                  f"each process needs its own GPU, chosen by LOCAL_RANK "
-                                 f"(torchrun sets it)")
+                                 f"(torchrun sets it; or give each process one GPU with "
+                                 f"CUDA_VISIBLE_DEVICES)")
             device = torch.device("cuda", _gpu_of(local_rank, backend))
             torch.cuda.set_device(device)
         td = datetime.timedelta(seconds=timeout)

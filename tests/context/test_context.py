@@ -242,7 +242,17 @@ def test_several_gpu_processes_need_local_rank(monkeypatch):
                  "MASTER_PORT": "29999"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    with pytest.raises(ValueError, match="WORLD_SIZE=2 on GPUs but LOCAL_RANK is not set"):
+    with pytest.raises(ValueError, match="WORLD_SIZE=2 on a machine showing 2 GPUs but "
+                                         "LOCAL_RANK is not set"):
+        DistributedContext.init(backend="gloo", use_gpu=True)
+    # one visible GPU per process (CUDA_VISIBLE_DEVICES, as SLURM or mpirun give it): it
+    # is this process's, so init goes on to the device (stopped here before rendezvous)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+    def stop(device):
+        raise RuntimeError(f"set_device({device})")
+    monkeypatch.setattr(torch.cuda, "set_device", stop)
+    with pytest.raises(RuntimeError, match=r"set_device\(cuda:0\)"):
         DistributedContext.init(backend="gloo", use_gpu=True)
 
 

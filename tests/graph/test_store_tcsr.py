@@ -137,6 +137,12 @@ def test_store_single_process_views(parts, tmp_path):
     assert torch.equal(tr.src, g.src[g.train_mask]) and torch.equal(tr.t, g.t[g.train_mask])
     assert torch.equal(graph.get_node_feat(torch.tensor([3, 1, 3])), g.node_feat[[3, 1, 3]])
     assert torch.equal(graph.local_edge_feat(tr.eid[:5]), g.edge_attr[:5])
+    # edge_attr: indexed by global event id; tensor methods act on the local table
+    ea = graph.edge_attr
+    assert torch.equal(ea[tr.eid[:5]], g.edge_attr[:5]) and ea[[]].shape == (0, ea.size(1))
+    assert torch.equal(ea.float(), ea.local) and ea.ndim == 2 and len(ea) == ea.local.size(0)
+    with pytest.raises(TypeError, match="slices and masks over this rank's rows index .local"):
+        ea[:5]
     with pytest.raises(ValueError, match="unknown split"):
         graph.split_events("validation")
 

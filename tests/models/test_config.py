@@ -147,3 +147,14 @@ def test_a_node_embedding_that_could_never_train_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="would never be trained") as e:
         load_config(path)
     assert e.value.field_path == "node_embedding"
+
+
+def test_yaml_merge_keys_still_load(tmp_path):
+    """The repeated-key check looks at the keys written in a mapping, so YAML's merge key
+    (<<: *anchor) works and a key may override a merged one."""
+    from tgl_dist.models.config import _UniqueKeyLoader
+    text = "a: &base {lr: 0.1, epoch: 3}\nb:\n  <<: *base\n  lr: 0.2\n"
+    assert yaml.load(text, Loader=_UniqueKeyLoader) == yaml.safe_load(text) == {
+        "a": {"lr": 0.1, "epoch": 3}, "b": {"lr": 0.2, "epoch": 3}}
+    with pytest.raises(yaml.YAMLError, match="appears twice"):
+        yaml.load("b:\n  lr: 0.1\n  lr: 0.2\n", Loader=_UniqueKeyLoader)

@@ -110,7 +110,7 @@ class Plan:
         _, ws = world(group)
         self.group = group
         self.perm = torch.sort(dest, stable=True).indices
-        if dest.numel() and not 0 <= int(dest.min()) <= int(dest.max()) < ws:
+        if dest.numel() and not (lambda mm: 0 <= int(mm[0]) and int(mm[1]) < ws)(torch.aminmax(dest)):
             bad = dest[(dest < 0) | (dest >= ws)][0]
             raise ValueError(f"destination rank {int(bad)} is outside the group's ranks "
                              f"0..{ws - 1}")

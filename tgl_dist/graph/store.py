@@ -89,10 +89,15 @@ class GlobalRows:
         self.local, self._to_rows = local, to_rows
 
     def __getitem__(self, ids) -> Tensor:
+        if isinstance(ids, (slice, tuple)) or ids is Ellipsis:
+            raise TypeError("index with global event ids (a tensor or list of ints); slices "
+                            "and masks over this rank's rows index .local")
         ids = torch.as_tensor(ids)
+        if ids.numel() == 0:
+            ids = ids.long()
         if ids.dtype == torch.bool or ids.is_floating_point():
-            raise TypeError(f"index with global ids (int64), got dtype {ids.dtype}; a mask "
-                            f"over this rank's rows indexes .local")
+            raise TypeError(f"index with global event ids (int64), got dtype {ids.dtype}; "
+                            f"slices and masks over this rank's rows index .local")
         return self.local.index_select(0, self._to_rows(ids.reshape(-1))).view(
             *ids.shape, *self.local.shape[1:])
 
@@ -113,6 +118,12 @@ class GlobalRows:
 
     def __len__(self) -> int:
         return int(self.local.size(0))
+
+    def __getattr__(self, name: str):
+        # tensor methods and attributes (.float(), .to(), .ndim, ...) act on the local table
+        if name.startswith("_") or name == "local":
+            raise AttributeError(name)
+        return getattr(self.local, name)
 
     def __repr__(self) -> str:
         return f"GlobalRows(local rows {list(self.local.shape)}, indexed by global id)"

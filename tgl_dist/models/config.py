@@ -336,7 +336,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         lines: Dict[Any, int] = {}
-        for key_node, _ in node.value:
+        for key_node, _ in node.value:   # the keys written here; merged ones (<<) may be overridden
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=deep)
             try:
                 first = lines.setdefault(key, key_node.start_mark.line + 1)

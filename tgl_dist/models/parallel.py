@@ -62,14 +62,18 @@ class PendingGradients:
     ``divisor``) into the parameters' ``.grad``; until then they hold this rank's values.
     """
 
-    def __init__(self, params: List[nn.Parameter], flat: Optional[Pending], divisor: int) -> None:
-        self.params, self.flat, self.divisor = params, flat, divisor
+    def __init__(self, params: List[nn.Parameter], flat: Optional[Pending], divisor: int,
+                 check: bool = True) -> None:
+        self.params, self.flat, self.divisor, self.check = params, flat, divisor, check
 
     def wait(self) -> None:
         if self.flat is None:
             return
         flat, self.flat = self.flat.wait(), None
-        present = flat[-len(self.params):].tolist()   # ranks that had a gradient, per parameter
+        # ranks that had a gradient, per parameter; read (a device sync on GPUs) only when
+        # this rank lacked one: else every count is >= 1
+        present = (flat[-len(self.params):].tolist() if self.check
+                   else [1.0] * len(self.params))
         if self.divisor != 1:
             flat /= self.divisor
         off = 0
@@ -101,11 +105,13 @@ def reduce_gradients(params: Iterable[nn.Parameter], group=None, average: bool =
     params = [] if ws == 1 else list(params)   # a world of one: not even listed
     if not params:
         return PendingGradients([], None, 1) if async_op else None
+    missing = any(p.grad is None for p in params)
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                       for p in params]
                      + [torch.tensor([float(p.grad is not None) for p in params],
                                      dtype=params[0].dtype, device=params[0].device)])
-    pending = PendingGradients(params, all_reduce_async(flat, group), ws if average else 1)
+    pending = PendingGradients(params, all_reduce_async(flat, group), ws if average else 1,
+                               check=missing)
     if async_op:
         return pending
     pending.wait()
