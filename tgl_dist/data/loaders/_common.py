@@ -198,16 +198,14 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
             expect = (f"{min_cols}" if max_cols == min_cols else
                       f"{min_cols} or more" if max_cols < 0 else f"{min_cols} to {max_cols}")
             if C < min_cols or (max_cols >= 0 and C > max_cols):
-                raise DataFormatError(path, f"expected {expect} fields ({', '.join(names)}), found {C}"
-                                      f"{_empty_note(raw, line_start, line_end, first_line - 1)}",
+                raise DataFormatError(path, f"expected {expect} fields ({', '.join(names)}), found {C}",
                                       line=first_line, field=name(C) if C < min_cols else extra(max_cols))
         bad = np.flatnonzero(ncols[data] != C)
         if bad.size:
             r = int(data[bad[0]])
             got = int(ncols[r])
             what = "missing" if got < C else "extra fields"
-            raise DataFormatError(path, f"expected {C} fields like line {first_line}, found {got} ({what})"
-                                  f"{_empty_note(raw, line_start, line_end, l0 + r)}",
+            raise DataFormatError(path, f"expected {C} fields like line {first_line}, found {got} ({what})",
                                   line=l0 + r + 1, field=name(got) if got < C else extra(C))
         drop = np.flatnonzero(com)
         if drop.size == 0:
@@ -275,16 +273,6 @@ def _refuse_empty_fields(path: Path, seg: bytes, starts: np.ndarray, comment: np
     k = next(k for k, f in enumerate(line.split(","), 1) if not f.strip())
     raise DataFormatError(path, f"field {k} is empty; expected a number", line=l0 + i + 1,
                           field=name(k - 1))
-
-
-def _empty_note(raw: bytes, starts: np.ndarray, ends: np.ndarray, i: int) -> str:
-    """``'; field k is empty'`` when line ``i`` (0-based) has an empty comma-separated
-    field (``1,,3``, a leading or trailing comma), else ``''``."""
-    line = raw[int(starts[i]):int(ends[i])].decode("utf-8", "replace").strip()
-    if "," not in line:
-        return ""
-    empty = [k for k, f in enumerate(line.split(","), 1) if not f.strip()]
-    return f"; field {empty[0]} is empty" if empty else ""
 
 
 def _count_fields(seg: bytes, nl: np.ndarray, n: int) -> np.ndarray:
