@@ -105,13 +105,12 @@ def reduce_gradients(params: Iterable[nn.Parameter], group=None, average: bool =
     params = [] if ws == 1 else list(params)   # a world of one: not even listed
     if not params:
         return PendingGradients([], None, 1) if async_op else None
-    missing = any(p.grad is None for p in params)
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in params]
-                     + [torch.tensor([float(p.grad is not None) for p in params],
-                                     dtype=params[0].dtype, device=params[0].device)])
+    has = [p.grad is not None for p in params]
+    flat = torch.cat([(p.grad if h else torch.zeros_like(p)).reshape(-1)
+                      for p, h in zip(params, has)]
+                     + [torch.tensor(has, dtype=params[0].dtype, device=params[0].device)])
     pending = PendingGradients(params, all_reduce_async(flat, group), ws if average else 1,
-                               check=missing)
+                               check=not all(has))
     if async_op:
         return pending
     pending.wait()

@@ -41,6 +41,7 @@ _HUGE_MIN_BYTES = 32 << 20
 
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_REDUCTIONS = ("sum", "mean")
 
 
 def empty_rows(n: int, d: int, dtype: torch.dtype = torch.float32,
@@ -195,7 +196,7 @@ class DistEmbedding(nn.Module):
                  grad_reduction: str = "sum",
                  sparse_optim: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
-        if grad_reduction not in ("sum", "mean"):
+        if grad_reduction not in _REDUCTIONS:
             raise ValueError(f"DistEmbedding: grad_reduction must be 'sum' or 'mean', "
                              f"got {grad_reduction!r}")
         hint = dict(sparse_optim or {})
@@ -281,16 +282,16 @@ class DistEmbedding(nn.Module):
         """At the first lookup (already a collective): every rank's table must have the same
         shape, dtype and gradient reduction; rows of another width would abort the exchange
         inside gloo / NCCL, and another reduction would be applied silently by its owners."""
-        mine = [self.num_nodes, self.dim, ("sum", "mean").index(self.grad_reduction),
+        mine = [self.num_nodes, self.dim, _REDUCTIONS.index(self.grad_reduction),
                 _DTYPES.index(self.weight.dtype) if self.weight.dtype in _DTYPES else -1]
         every = all_gather_v(torch.tensor([mine], dtype=torch.long), group=self.group).tolist()
+        shown = [(n, d, _REDUCTIONS[r], str(_DTYPES[t]) if t >= 0 else "other")
+                 for n, d, r, t in every]
         for i, field in enumerate(("num_nodes", "dim", "grad_reduction", "dtype")):
-            if len({row[i] for row in every}) > 1:
-                shown = [("sum", "mean")[row[i]] if field == "grad_reduction" else
-                         str(_DTYPES[row[i]]) if field == "dtype" and row[i] >= 0 else row[i]
-                         for row in every]
+            values = [row[i] for row in shown]
+            if len(set(values)) > 1:
                 raise ValueError(f"DistEmbedding '{self.name}': the ranks built the table with "
-                                 f"different {field}: {shown} (rank order)")
+                                 f"different {field}: {values} (rank order)")
         self._agreed = True
 
     def _fetch(self, owner: Tensor, local: Tensor) -> Tensor:
