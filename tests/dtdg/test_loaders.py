@@ -111,6 +111,7 @@ def test_bad_json(tmp_path):
              r"expected 3 targets \(one number per node\), got shape \[3, 1\]"),
             ({"0": snap, "1": snap, "3": snap}, "3", "'2' is missing but '3' is present"),
             ({"0": snap, "time_periods": "one"}, "time_periods", "expected an integer"),
+            ({"0": snap, "time_periods": float("inf")}, "time_periods", "expected an integer"),
             ({"0": snap, "node_ids": 3}, "node_ids", "expected a list of node ids")):
         p.write_text(json.dumps(doc))
         with pytest.raises(DataFormatError, match=match) as e:

@@ -144,7 +144,8 @@ def _snapshot_layout(path: Path, d: dict) -> GraphData:
                               f"'{T}' is missing but '{stray[0]}' is present", field=stray[0])
     if "time_periods" in d:
         tp = d["time_periods"]
-        if isinstance(tp, bool) or not isinstance(tp, (int, float)) or tp != int(tp):
+        if (isinstance(tp, bool) or not isinstance(tp, (int, float))
+                or (isinstance(tp, float) and not tp.is_integer())):   # also NaN, Infinity
             raise DataFormatError(path, f"expected an integer number of snapshots, got {tp!r:.40}",
                                   field="time_periods")
         if int(tp) != T:

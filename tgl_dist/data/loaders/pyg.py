@@ -64,17 +64,15 @@ def from_pyg(data, name: str = "pyg", num_nodes: Optional[int] = None) -> Tempor
         raise DataFormatError(_WHERE, f"t[{r}] = {t[r].item()!r}: times must be finite and >= 0",
                               line=r, field="t")
     top = int(max(int(src.max()), int(dst.max()))) if E else -1
-    if top >= MAX_NODES:
-        k = "src" if int(src.max()) == top else "dst"
-        r = int(torch.nonzero((src if k == "src" else dst) == top)[0])
-        raise DataFormatError(_WHERE, f"node id {top}: ids are kept as given (PyG's convention), "
-                              f"so this stream would have {top + 1:,} nodes, more than "
-                              f"{MAX_NODES:,}; renumber them 0..N-1 first (torch.unique(ids, "
-                              f"return_inverse=True))", line=r, field=k)
     N = top + 1 if num_nodes is None or num_nodes < 0 else int(num_nodes)
-    if top >= N:
+    if top >= min(N, MAX_NODES):   # name the field and row of the largest id
         k = "src" if int(src.max()) == top else "dst"
         r = int(torch.nonzero((src if k == "src" else dst) == top)[0])
+        if top >= MAX_NODES:
+            raise DataFormatError(_WHERE, f"node id {top}: ids are kept as given (PyG's "
+                                  f"convention), so this stream would have {top + 1:,} nodes, "
+                                  f"more than {MAX_NODES:,}; renumber them 0..N-1 first "
+                                  f"(torch.unique(ids, return_inverse=True))", line=r, field=k)
         raise DataFormatError(_WHERE, f"node id {top} is not below num_nodes={N}", line=r, field=k)
     extra = {}
     for key, k in (("msg", "edge_attr"), ("y", "labels")):
