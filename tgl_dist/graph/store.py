@@ -190,9 +190,7 @@ class DistributedGraphStore:
 
     def local_edge_feat(self, eids: Tensor) -> OptTensor:
         """Features of owned events ``[n, F_e]`` (no communication), or None."""
-        if self._edge_table is None:
-            return None
-        return self._edge_table.index_select(0, self.local_edge_rows(eids))
+        return None if self.edge_attr is None else self.edge_attr[eids]
 
     # ----------------------------------------------------------- collectives
     @staticmethod
