@@ -1,6 +1,7 @@
 """Partition-parallel models equal the single-process full-graph computation; the route's gradient.
 
-Under 2 ranks each rank computes its owned nodes over a whole sequence of snapshots;
+Under 2 and 3 ranks (3: a rank's halo rows come from two owners, so an ordering by owner
+that 2 ranks cannot tell from an ordering by id is checked) each rank computes its owned nodes over a whole sequence of snapshots;
 outputs and (all-reduced) parameter gradients must equal one process on the whole graph.
 """
 import pytest
@@ -44,20 +45,21 @@ def _rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def results(request, tmp_path_factory):
+    P = request.param
     g = small_graph()
     root = tmp_path_factory.mktemp("parts")
-    path = g.save_partition(root, 2, "random", seed=1)
-    tiny = small_graph(N=12, T=3, E=30, name="tiny").save_partition(root, 2, "random")
-    res = run_distributed(_exact_worker, 2, str(path), str(tiny))
+    path = g.save_partition(root, P, "random", seed=1)
+    tiny = small_graph(N=12, T=3, E=30, name="tiny").save_partition(root, P, "random")
+    res = run_distributed(_exact_worker, P, str(path), str(tiny))
     return (g, _run_models(DistGraph.from_graph_data(g))[1], to_torch([r[0] for r in res]),
             [r[1] for r in res])
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", MODELS)
-def test_two_ranks_equal_single_process(results, name):
+def test_ranks_equal_single_process(results, name):
     g, ref, dist_res, _ = results
     out = torch.zeros_like(ref[name][0])
     for owned, res in dist_res:
@@ -126,14 +128,14 @@ def _gradcheck(path):
     h_all = graph.route(x.detach()[graph.owned_ids])
     values_ok = torch.equal(h_all, x.detach()[graph.all_ids])
     # a per-step route for arbitrary ids (used for negatives)
-    want = torch.tensor([N - 1, 0, 3, 0, N // 2])
+    want = torch.cat([torch.tensor([N - 1, 0, 3, 0, N // 2]), torch.arange(N).flip(0)])
     r, idx = Route.for_ids(want, graph.owner, graph.local, graph.rank, graph.num_owned, graph.group)
     ids_ok = torch.equal(r(x.detach()[graph.owned_ids])[idx], x.detach()[want])
     return ok, values_ok, ids_ok, graph.num_halo
 
 
 @pytest.mark.distributed
-def test_route_gradcheck_two_ranks(results):
+def test_route_gradcheck(results):
     for ok, values_ok, ids_ok, halo in results[3]:
         assert ok and values_ok and ids_ok
         assert halo > 0

@@ -30,6 +30,8 @@ def test_part_invariants(algo):
         assert bool((owner[dst_g] == r).all())                          # edges live with their destination
         assert bool((owner[p["halo_ids"]] != r).all())
         assert torch.equal(p["halo_owner"], owner[p["halo_ids"]])
+        # halo rows arrive grouped by owner (the route receives them rank by rank)
+        assert bool((p["halo_owner"][1:] >= p["halo_owner"][:-1]).all())
         assert torch.equal(p["edge"]["time"], g.edge()["time"][eid])
         assert torch.allclose(p["in_w"], in_w[all_ids]) and torch.equal(p["active"], active[p["owned_ids"]])
         assert torch.equal(p["node"]["x"], g.node()["x"][p["owned_ids"]])
