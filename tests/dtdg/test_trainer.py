@@ -18,6 +18,10 @@ def test_splitter_windows():
     assert max(w["label_ts"] for w in sp.train) < min(w["label_ts"] for w in sp.dev)
     nr = Splitter(20, hist_len=4, task="node_regression")
     assert nr.train[0] == {"hist_ts": [0, 1, 2, 3], "label_ts": 3}
+    # hist_len 1: the first window labels snapshot 1, so the baseline's previous value
+    # (snapshot label_ts - 1) exists and is not the last, test-period snapshot
+    assert Splitter(20, hist_len=1, task="node_regression").train[0] == {"hist_ts": [1],
+                                                                          "label_ts": 1}
     empty = torch.ones(20, dtype=torch.long)
     empty[7] = 0
     assert 7 not in [w["label_ts"] for w in Splitter(20, 4, snapshot_edges=empty).train]
@@ -81,6 +85,14 @@ def _one_edge_graph():
     g.node()["x"] = torch.randn(4, 3, 2, generator=torch.Generator().manual_seed(0))
     g.meta().update(num_snapshots=3, name="one_edge")
     return g
+
+
+def test_repeat_last_baseline_reads_the_previous_snapshot():
+    # snapshot 1 holds 2 -> 3 and 3 -> 0; snapshot 2 (the label) holds only 1 -> 0
+    task = build_task("link_pred", DistGraph.from_graph_data(_one_edge_graph()), 4)
+    got = task._repeat_last(2, torch.tensor([1, 3, 2]), torch.tensor([0, 0, 3]))
+    assert got.tolist() == [0.0, 1.0, 1.0]
+    assert task._repeat_last(0, torch.tensor([1]), torch.tensor([0])).tolist() == [0.0]
 
 
 @pytest.mark.distributed
