@@ -309,3 +309,24 @@ def test_a_full_disk_is_a_checkpoint_error_and_keeps_the_committed_version(tmp_p
     assert not [p for p in (ck / "v000002").iterdir() if p.name.startswith(".")]
     dense, _, meta = CheckpointManager(ck).load()
     assert torch.equal(dense["w"], torch.ones(3)) and meta == {"step": 1}
+
+
+def test_a_crash_before_the_commit_keeps_the_committed_version_loadable(tmp_path, monkeypatch):
+    # version 2 is written in full but the process dies while writing VERSION: nothing
+    # may have been pruned yet, so version 1 (the committed one) still loads
+    import tgl_dist.checkpoint.manager as M
+    ck = tmp_path / "ck"
+    CheckpointManager(ck).save({"w": torch.ones(3)}, {"m": torch.ones(2)}, {"epoch": 1})
+    write = M._atomic_write_bytes
+
+    def crash_on_commit(path, data):
+        if path.name == "VERSION":
+            raise KeyboardInterrupt("killed while committing")
+        write(path, data)
+    monkeypatch.setattr(M, "_atomic_write_bytes", crash_on_commit)
+    with pytest.raises(KeyboardInterrupt):
+        CheckpointManager(ck).save({"w": torch.zeros(3)}, {"m": torch.zeros(2)}, {"epoch": 2})
+    monkeypatch.undo()
+    dense, shard, meta = CheckpointManager(ck).load()
+    assert torch.equal(dense["w"], torch.ones(3)) and meta == {"epoch": 1}
+    assert torch.equal(shard["m"], torch.ones(2))
