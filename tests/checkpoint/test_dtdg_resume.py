@@ -1,5 +1,6 @@
 """DTDG Trainer on 2 ranks: resumed from a checkpoint taken inside an epoch, it ends bitwise
 like the uninterrupted run (model, optimizer, history, best model, test metrics)."""
+import copy
 import sys
 from pathlib import Path
 
@@ -41,14 +42,24 @@ def _resume_worker(path, ck):
     mgr = CheckpointManager(ck)
     tr = _trainer(graph)
     windows = len(tr.splitter.train)
-    tr.step_hooks.append(lambda t, epoch, done: mgr.save(*t.checkpoint_state())
-                         if (epoch, done) == (1, windows // 2) else None)
+    at_save = {}
+
+    def save(t, epoch, done):
+        if (epoch, done) == (1, windows // 2):
+            mgr.save(*t.checkpoint_state())
+            at_save.update(stop=copy.deepcopy(t.stop.state_dict()),
+                           best=copy.deepcopy(t.best_state), best_epoch=t.best_epoch)
+    tr.step_hooks.append(save)
     ref = _final(tr, tr.fit())
     again = _trainer(graph)  # a fresh process would build exactly this, then load
     dense, shard, meta = mgr.load()
     again.load_checkpoint_state(dense, shard, meta)
+    # the early-stopping counters and the best-model snapshot are those of the save
+    restored = diff({"stop": at_save["stop"], "best": at_save["best"]},
+                    {"stop": again.stop.state_dict(), "best": again.best_state})
+    assert at_save["best"] is not None and again.best_epoch == at_save["best_epoch"]
     res = _final(again, again.fit())
-    return meta, diff(ref, res), ref["metrics"]
+    return meta, diff(ref, res), ref["metrics"], restored
 
 
 @pytest.mark.distributed
@@ -56,7 +67,7 @@ def test_dtdg_two_ranks_resume_mid_epoch_is_bitwise(tmp_path):
     g = small_graph(N=40, T=12, E=500, name="resume")
     path = g.save_partition(tmp_path / "parts", 2, "metis")
     out = run_distributed(_resume_worker, 2, str(path), str(tmp_path / "ck"))
-    for meta, differences, metrics in out:
+    for meta, differences, metrics, restored in out:
         assert meta["epoch"] == 1 and meta["step"] > 0 and not meta["done"]
-        assert differences == []
+        assert differences == [] and restored == []
         assert metrics["test_ap"] == out[0][2]["test_ap"]

@@ -162,3 +162,29 @@ def test_build_model_by_name():
         build_model({"model": "egcn"}, graph)
     with pytest.raises(ValueError, match="K in"):
         build_model({"model": "gconvgru", "K": 3}, graph)
+
+
+def test_fit_ends_on_the_best_epochs_model():
+    # the dev metric is made to fall after epoch 0, so epoch 0 is best: fit() must put its
+    # weights back (and evaluate test with them), not keep the last epoch's
+    graph = DistGraph.from_graph_data(small_graph(N=30, T=10, E=300, name="best"))
+    torch.manual_seed(0)
+    model = build_model({"model": "gcn", "hidden_dims": [6]}, graph)
+    task = build_task("link_pred", graph, 6, neg_eval=3)
+    seen = {}
+    tr = Trainer(model, task, Splitter.from_graph(graph, hist_len=2), lr=0.05, epochs=3,
+                 patience=5, on_epoch_end=[lambda t, e, rec: seen.__setitem__(
+                     e, {k: v.clone() for k, v in t.model.state_dict().items()})])
+    evaluate = tr.evaluate
+
+    def falling_dev(split):
+        out = evaluate(split)
+        if split == "dev" and len(seen) < 3:     # during training: epoch 0 is the best
+            out["dev_ap"] = 1.0 - 0.1 * tr.epoch
+        return out
+    tr.evaluate = falling_dev
+    out = tr.fit()
+    assert out["best_epoch"] == 0 and sorted(seen) == [0, 1, 2]
+    final = model.state_dict()
+    assert all(torch.equal(final[k], v) for k, v in seen[0].items())
+    assert not all(torch.equal(final[k], v) for k, v in seen[2].items())
