@@ -89,3 +89,30 @@ def test_split_quantiles_match_torch_and_have_no_size_limit():
     E = 2**24 + 1
     t = torch.arange(E, dtype=torch.float64)
     assert sorted_quantiles(t, [0.7, 0.85]) == [0.7 * (E - 1), 0.85 * (E - 1)]
+
+
+def test_inductive_masks_follow_the_dyglib_protocol():
+    """``new_node_{val,test}`` are the evaluation events with an endpoint that no
+    inductive-training event touches; the held-out nodes' training events are left out."""
+    from tgl_dist.data import TemporalGraph
+    gen = torch.Generator().manual_seed(0)
+    N, E = 30, 400
+    g = TemporalGraph(torch.randint(0, N, (E,), generator=gen), torch.randint(0, N, (E,), generator=gen),
+                      torch.arange(E, dtype=torch.float64), num_nodes=N)
+    for ratio in (0.0, 0.2):
+        g.split(new_node_ratio=ratio)
+        m = g.masks
+        ind = m["inductive_train"]
+        assert bool((ind <= m["train"]).all())
+        seen = torch.zeros(N, dtype=torch.bool)
+        seen[g.src[ind]] = True
+        seen[g.dst[ind]] = True
+        unseen = ~seen[g.src] | ~seen[g.dst]
+        assert torch.equal(m["new_node_val"], m["val"] & unseen)
+        assert torch.equal(m["new_node_test"], m["test"] & unseen)
+        held_out = m["train"] & ~ind
+        if ratio == 0.0:
+            assert not held_out.any()
+        else:   # 6 nodes held out: each left-out event has an endpoint never trained on
+            assert held_out.any() and m["new_node_test"].any()
+            assert not (seen[g.src[held_out]] & seen[g.dst[held_out]]).any()
