@@ -95,9 +95,11 @@ def test_bad_json(tmp_path):
     with pytest.raises(DataFormatError, match="2 weights for 1 edges") as e:
         load_pgt_json(p)
     assert e.value.field == "weights"
-    p.write_text(json.dumps({"edges": [[0, 5]], "FX": [[1, 2]] * 6}))
-    with pytest.raises(DataFormatError, match=r"ids must lie in \[0, 2\)"):
-        load_pgt_json(p)
+    for edges in ([[0, 5]], [[-1, 1]]):
+        p.write_text(json.dumps({"edges": edges, "FX": [[1, 2]] * 6}))
+        with pytest.raises(DataFormatError, match=r"ids must lie in \[0, 2\)") as e:
+            load_pgt_json(p)
+        assert e.value.field == "edges"
     p.write_text(json.dumps({"edge_mapping": {"edge_index": {"0": [[0, 1]]}}, "y": [[1, 2]] * 6}))
     with pytest.raises(DataFormatError, match="no edges for period 1"):
         load_pgt_json(p)

@@ -123,3 +123,9 @@ def test_fingerprint_sees_values_not_only_shapes():
         t = getattr(c, store)()[key]
         t.view(-1)[0] += 1
         assert c.fingerprint() != a.fingerprint(), (store, key)
+
+
+def test_active_counts_sources_and_destinations():
+    # one edge 0 -> 1 at snapshot 0 of 1: both endpoints are active ("in or out"), node 2 not
+    _, _, active = snapshot_degrees(torch.tensor([[0], [1]]), torch.tensor([0]), None, 3, 1)
+    assert active.view(-1).tolist() == [True, True, False]
