@@ -59,6 +59,9 @@ def test_schedule_boundaries_and_windows():
     sch = GlobalSchedule(torch.arange(10), torch.arange(10, dtype=torch.float64))
     assert sch.boundaries(4) == [0, 4, 8, 10]
     assert sch.boundaries(4, drop_last=True) == [0, 4, 8]
+    # drop_last drops only a SHORT last window: a full one is kept
+    full = GlobalSchedule(torch.arange(8), torch.arange(8, dtype=torch.float64))
+    assert full.boundaries(4, drop_last=True) == [0, 4, 8]
     assert sch.boundaries(4, offset=2) == [0, 2, 6, 10]
     w = sch.windows([0, 4, 8, 10])
     assert [(x.lo, x.hi, x.t_start, x.t_end) for x in w] == [(0, 4, 0.0, 3.0), (4, 8, 4.0, 7.0),
@@ -278,6 +281,48 @@ def test_evaluation_negatives_are_never_the_positive_destination(parts):
             n += int((neg == roots.dst.view(1, -1)).sum())
         collide[split] = n
     assert collide["test"] == 0 and collide["train"] > 0, collide
+
+
+def test_random_negatives_are_scored_against_their_own_events_source(parts):
+    # k = 3 negatives per event, negative-major: negative j of event i is row j*B + i of
+    # dst_neg_index, and its source must be event i's source
+    g, _, out = parts
+    graph = DistributedGraphStore(partition_load(out / g.name, "random"))
+    ld = DistributedDataLoader(graph, "train", None, neg_sampler=NegativeSampling(num_neg=3),
+                               batch_size=100, queue_size=0)
+    roots, _, meta, _ = next(iter(ld))
+    B = roots.src.numel()
+    assert meta["neg_k"] == 3 and meta["dst_neg_index"].numel() == 3 * B
+    assert torch.equal(roots.nodes[meta["src_neg_index"]], roots.src.repeat(3))
+    assert torch.equal(roots.nodes[meta["dst_neg_index"]], roots.extra["neg_dst"])
+
+
+def test_evaluation_draws_from_all_destinations_and_is_the_same_every_epoch(parts):
+    # val / test negatives come from the destinations of the whole stream (not the
+    # split's own), and evaluation batches, negatives and uniform neighbour draws do not
+    # change between epochs (chunk offsets and sampling seeds are for training only)
+    g, _, out = parts
+    pdata = partition_load(out / g.name, "random")
+    graph = DistributedGraphStore(pdata)
+    sampler = NeighborSampler(graph.num_nodes, 1, 3, TemporalNeighborSampleGraph(pdata, "full"),
+                              policy="uniform", workers=1)
+    ld = DistributedDataLoader(graph, "val", sampler, neg_sampler=NegativeSampling(),
+                               batch_size=200, chunk_size=50, train=False, queue_size=0)
+    assert torch.equal(ld.negatives.pool, torch.unique(g.dst))
+    assert not torch.equal(ld.negatives.pool, torch.unique(g.dst[g.val_mask]))
+
+    def epoch():
+        return [(roots.eids, roots.nodes, mfgs[0].edata["ID"]) for roots, mfgs, _, _ in ld]
+    first, second = epoch(), epoch()
+    assert len(first) == len(second) == len(ld)
+    for a, b in zip(first, second):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    # training does change them: its chunk offset and neighbour draws depend on the epoch
+    tr = DistributedDataLoader(graph, "train", sampler, neg_sampler=NegativeSampling(),
+                               batch_size=200, chunk_size=50, queue_size=0, seed=1)
+    e0 = [mfgs[0].edata["ID"] for _, mfgs, _, _ in tr]
+    e1 = [mfgs[0].edata["ID"] for _, mfgs, _, _ in tr]
+    assert not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(e0, e1))
 
 
 def test_prefetch_thread_uses_the_iterating_threads_gpu(parts, monkeypatch):
