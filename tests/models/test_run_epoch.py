@@ -118,3 +118,18 @@ def test_batch_mean_ap_counts_only_the_ranks_non_empty_shares():
     assert mean0 == mean1 and abs(mean0 - sum(aps) / len(aps)) < 1e-12
     mean_1p, whole_1p = _evaluate()
     assert whole0 == whole1 == whole_1p           # whole-split figures: any world size
+
+
+def test_mrr_ranks_each_positive_against_its_own_negatives():
+    # k = 2 negatives per event, negative-major as the loader lists them: event 0's are
+    # rows 0 and 2 (scores 2, 0), event 1's rows 1 and 3 (3, 0). Each positive (score 1)
+    # ranks 2nd: MRR 0.5 (pairing rows 0-1 and 2-3 instead would give (1/3 + 1) / 2)
+    from tgl_dist.metrics import LinkPredMetrics
+    from tgl_dist.models import run_epoch
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x, meta):
+            return torch.tensor([1.0, 1.0]), torch.tensor([2.0, 3.0, 0.0, 0.0])
+    metrics = LinkPredMetrics()
+    run_epoch(Fixed(), [(None, None, {}, 0.0)], metrics=metrics)
+    assert metrics.compute()["mrr"] == pytest.approx(0.5)
