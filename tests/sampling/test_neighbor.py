@@ -53,6 +53,20 @@ def test_recent_exact_hand_built_with_ties_and_self_loop():
     assert bool((b.edata["dt"] > 0).all())
 
 
+@pytest.mark.parametrize("backend", ["torch", "compiled"])
+@pytest.mark.parametrize("scale", [1.0, 0.5])   # integer times, then fractional ones
+def test_same_time_events_are_excluded_on_both_backends(backend, scale):
+    # node 0's events at 1, 3, 5 (x scale); queries exactly at and between event times
+    ev = _graph([0, 0, 4, 0], [1, 2, 0, 3], [1 * scale, 3 * scale, 3 * scale, 5 * scale])
+    g = TemporalNeighborSampleGraph(ev, "full")
+    s = NeighborSampler(g.num_nodes, 1, 10, g, policy="recent", backend=backend)
+    q = torch.tensor([1.0, 3.0, 4.0, 5.0, 6.0], dtype=torch.float64) * scale
+    (b,) = s.sample(torch.zeros(5, dtype=torch.long), q)
+    got = {d: [e for _, e, _ in v] for d, v in _per_root(b).items()}
+    assert got == {1: [0], 2: [0, 1, 2], 3: [0, 1, 2], 4: [0, 1, 2, 3]}
+    assert bool((b.edata["dt"] > 0).all())
+
+
 def _small_real(wiki, n):
     g = wiki
     sub = dict(src=g.src[:n], dst=g.dst[:n], t=g.t[:n], eid=g.eid[:n])
