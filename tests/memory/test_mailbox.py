@@ -91,6 +91,27 @@ def test_ring_buffer_and_mean():
     assert mbm.mailbox[6, 0].tolist() == [5.0] * 10
 
 
+def test_update_with_mean_mails_and_reset():
+    # update() with mail_combine='mean' (the route run_epoch takes): node 0 is the source
+    # of events at t=1 and t=2, so its mail is the mean of both events' mails
+    mb = _mb(K=2, combine="mean")
+    roots = Roots(nodes=torch.tensor([0, 0, 1, 2]), ts=torch.tensor([1.0, 2.0, 1.0, 2.0]).double(),
+                  eids=torch.arange(2), src=torch.tensor([0, 0]), dst=torch.tensor([1, 2]),
+                  t=torch.tensor([1.0, 2.0]).double())
+    mem = torch.arange(16.0).view(4, 4)
+    ef = torch.tensor([[10.0, 11.0], [20.0, 21.0]])
+    mb.update(mem, roots, torch.tensor([0, 1]), torch.tensor([2, 3]), ef)
+    want0 = (torch.cat([mem[0], mem[2], ef[0]]) + torch.cat([mem[1], mem[3], ef[1]])) / 2
+    assert torch.equal(mb.mailbox[0, 0], want0) and mb.mail_ts[0, 0].item() == 1.5
+    assert torch.equal(mb.mailbox[2, 0], torch.cat([mem[3], mem[1], ef[1]]))
+    assert mb.next_mail_pos[:3].tolist() == [1, 1, 1]
+    assert mb.memory[0].tolist() == mem[1].tolist() and mb.memory_ts[0].item() == 2.0
+    # reset(): every part of the state is zero again (an epoch starts from nothing)
+    mb.reset()
+    for k, v in mb.state_dict().items():
+        assert not v.any(), k
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="mail_combine"):
         _mb(combine="first")
@@ -162,33 +183,35 @@ def _run_steps(mb, events_per_step, deliver):
                   block=block if deliver == "neighbors" else None)
 
 
-def _dist_worker(K, deliver, ties):
+def _dist_worker(K, deliver, ties, combine="last"):
     from tgl_dist import DistributedContext
     ctx = DistributedContext.init()
     book = PartitionBook(OWNER)
-    mb = _mb(book, n=int(book.counts[ctx.rank]), K=K, deliver=deliver)
+    mb = _mb(book, n=int(book.counts[ctx.rank]), K=K, deliver=deliver, combine=combine)
     _run_steps(mb, [held[ctx.rank] for _, held in _stream(ties=ties)], deliver)
     # numpy arrays pickle by value (tensors would travel as shared-memory handles)
     return tuple(x.numpy().copy() for x in (book.owned_ids(ctx.rank), mb.memory, mb.memory_ts,
                                             mb.mailbox, mb.mail_ts, mb.next_mail_pos))
 
 
-def _reference(K, deliver, ties):
+def _reference(K, deliver, ties, combine="last"):
     """One process, each step the whole window."""
-    mb = _mb(K=K, deliver=deliver)
+    mb = _mb(K=K, deliver=deliver, combine=combine)
     _run_steps(mb, [window for window, _ in _stream(ties=ties)], deliver)
     return mb
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("K,deliver,ties", [(1, "self", True), (3, "self", True),
-                                            (2, "neighbors", False), (1, "neighbors", True)])
-def test_two_ranks_equal_one_process(K, deliver, ties):
+@pytest.mark.parametrize("K,deliver,ties,combine", [
+    (1, "self", True, "last"), (3, "self", True, "last"), (2, "neighbors", False, "last"),
+    (1, "neighbors", True, "last"), (1, "self", True, "mean"), (2, "neighbors", True, "mean")])
+def test_two_ranks_equal_one_process(K, deliver, ties, combine):
     """Exactly one process's state, also when events held by different ranks share a
-    timestamp (the owners break ties by stream position, not by sender rank)."""
-    ref = _reference(K, deliver, ties)
+    timestamp (the owners break ties by stream position, not by sender rank) and for
+    'mean' mails (the owners sum them in stream order, as one process does)."""
+    ref = _reference(K, deliver, ties, combine)
     assert float(ref.memory.abs().sum()) > 0
-    res = run_distributed(_dist_worker, 2, K, deliver, ties)
+    res = run_distributed(_dist_worker, 2, K, deliver, ties, combine)
     seen = torch.zeros(N, dtype=torch.bool)
     for arrays in res:
         ids, mem, mts, mail, mailts, pos = map(torch.from_numpy, arrays)
