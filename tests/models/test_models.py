@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from blocks_util import make_batch
 from tgl_dist.memory import GRUMemoryUpdater, RNNMemoryUpdater, SharedMailBox
+from tgl_dist.memory.updaters import TransformerMemoryUpdater
 from tgl_dist.models import (ConfigError, all_reduce_gradients, broadcast_parameters, build_model,
                              load_config, parse_config)
 from tgl_dist.nn import TemporalAttention, TimeEncode
@@ -76,17 +77,53 @@ def test_time_encoding_tgl_init():
 
 @pytest.mark.parametrize("cls,cell", [(GRUMemoryUpdater, torch.nn.GRUCell),
                                       (RNNMemoryUpdater, torch.nn.RNNCell)])
-def test_cell_updaters_equal_torch_cells_on_concatenated_input(cls, cell):
+@pytest.mark.parametrize("time_delta", ["query", "mail"])
+def test_cell_updaters_equal_torch_cells_on_concatenated_input(cls, cell, time_delta):
     torch.manual_seed(0)
-    up = cls(dim_memory=6, dim_mail=14, mailbox_size=1, dim_time=5)
+    up = cls(dim_memory=6, dim_mail=14, mailbox_size=1, dim_time=5, time_delta=time_delta)
     ref = cell(19, 6)
     ref.load_state_dict({k: getattr(up, k) for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")})
     ids = torch.tensor([3, 1, 3, 0, 1])  # repeated nodes share memory and mail
     mem_u, mail_u = torch.randn(4, 6), torch.randn(4, 1, 14)
     sd = {"ID": ids, "mem": mem_u[ids], "mail": mail_u[ids], "mem_ts": torch.rand(5).double(),
-          "ts": 10 + torch.rand(5).double(), "mail_ts": torch.zeros(5, 1).double()}
-    x = torch.cat([sd["mail"].view(5, -1), up.time_enc(sd["ts"] - sd["mem_ts"])], 1)
+          "ts": 10 + torch.rand(5).double(), "mail_ts": 3 + torch.rand(5, 1).double()}
+    with torch.no_grad():   # a trained phase: cos is even, so a zero bias hides the sign of dt
+        up.time_enc.w.bias.uniform_(0.5, 1.5)
+    # 'query': the gap from the memory to the query; 'mail': from the memory to the mail
+    later = sd["ts"] if time_delta == "query" else sd["mail_ts"][:, 0]
+    phi = _phi(up.time_enc, later - sd["mem_ts"])
+    x = torch.cat([sd["mail"].view(5, -1), phi], 1)
     assert torch.allclose(up(sd), ref(x, sd["mem"]), atol=1e-6)
+
+
+def _phi(te, dt):
+    """``cos(w dt + b)`` written out (``dt`` = query time minus the earlier time)."""
+    return torch.cos(dt.float().view(-1, 1) * te.w.weight.view(1, -1) + te.w.bias)
+
+
+def test_transformer_updater_matches_its_formula():
+    # APAN: q = W_q s, k/v = W_k/W_v [mail_k || phi(t - mail_ts_k)], per-head softmax of
+    # LeakyReLU(q . k) over the K slots, s^ = ReLU(W(LayerNorm(sum a v + s))) (eval: no dropout)
+    torch.manual_seed(0)
+    S, K, dm, dmail, dt_dim, H = 5, 3, 6, 14, 4, 2
+    up = TransformerMemoryUpdater(dm, dmail, K, dt_dim, num_head=H, dropout=0.3,
+                                  att_dropout=0.3).eval()
+    with torch.no_grad():
+        up.time_enc.w.bias.uniform_(0.5, 1.5)
+    sd = {"ID": torch.arange(S), "mem": torch.randn(S, dm), "mail": torch.randn(S, K, dmail),
+          "mem_ts": torch.rand(S).double(), "ts": 10 + torch.rand(S).double(),
+          "mail_ts": 5 * torch.rand(S, K).double()}
+    x = torch.cat([sd["mail"], _phi(up.time_enc, (sd["ts"].view(-1, 1) - sd["mail_ts"]).view(-1))
+                   .view(S, K, dt_dim)], 2)
+    q, k, v = up.w_q(sd["mem"]), up.w_k(x), up.w_v(x)
+    c = dm // H
+    out = torch.zeros(S, dm)
+    for h in range(H):
+        cols = slice(h * c, (h + 1) * c)
+        a = torch.softmax(F.leaky_relu((k[:, :, cols] * q[:, None, cols]).sum(-1), 0.2), dim=1)
+        out[:, cols] = (a.unsqueeze(-1) * v[:, :, cols]).sum(1)
+    want = F.relu(up.mlp(up.layer_norm(out + sd["mem"])))
+    assert torch.allclose(up(sd), want, atol=1e-5)
 
 
 def test_attention_zero_neighbours_and_permutation_invariance():
