@@ -51,6 +51,10 @@ def test_inductive_candidates_first_seen_after_observation():
     assert pairs(cand // N, cand % N) == {(2, 7), (3, 8), (4, 9)}
     s, d = b.window(9.0, 9.0, 3, 8, 0, SRC[8:], DST[8:])
     assert pairs(s, d) == {(2, 7), (3, 8), (4, 9)}
+    # a pair first seen exactly at T_obs is observed: (2,7) at t = 4
+    b4 = ns.bind("test", False, stream(), torch.unique(DST), last_observed_time=4.0)
+    cand = b4._candidates(9.0, 9.0)
+    assert pairs(cand // N, cand % N) == {(3, 8), (4, 9)}
 
 
 def test_random_per_event_deterministic_and_in_pool():
