@@ -47,7 +47,7 @@ typedef struct {
   const int64_t *indptr; const double *ts; const int64_t *rec; int64_t num_nodes;
   /* destinations (hint: a row of the node's list near the answer, or -1; may be NULL) */
   const int64_t *nodes; const double *q; const int64_t *hint; int64_t k; int uniform; uint64_t salt;
-  int64_t *node_hint;  /* [num_nodes] or NULL: per node, a row near its last answer */
+  int64_t *node_hint;  /* [num_nodes] (NULL only with hint): per node, a row near its last answer */
   /* scratch [D] and offsets [D + 1] */
   int64_t *first; int64_t *avail; int64_t *off;
   /* outputs, item m of this call at index m (o_dt, o_hint, o_src, o_dst: NULL = not wanted) */
@@ -154,13 +154,11 @@ static inline void count_one(const job_t *j, int64_t r, int64_t s, int64_t pos) 
   j->first[r] = j->uniform ? s : pos - c;
 }
 
-/* Without hints: the binary searches of G destinations run in lockstep (branch-free
- * steps), so their cache misses overlap instead of queueing one behind the other. */
-#define G 16
+/* Searches with hints: per destination (hint) or, when hint is NULL, per node (node_hint,
+ * then never NULL). */
 static void count_range(const job_t *j, int64_t b, int64_t e) {
   const int64_t *restrict indptr = j->indptr, *restrict nodes = j->nodes, *restrict hint = j->hint;
   const double *restrict ts = j->ts, *restrict q = j->q;
-  const int64_t last = indptr[j->num_nodes] - 1;
   if (hint) {
     for (int64_t r = b; r < e; ++r) {
       if (r + 8 < e) {  /* look ahead: the loads of a later destination overlap this one's */
@@ -173,45 +171,20 @@ static void count_range(const job_t *j, int64_t b, int64_t e) {
     }
     return;
   }
-  if (j->node_hint) {  /* per node: the answer of its last search (benign races: any row works) */
-    int64_t *nh = j->node_hint;
-    for (int64_t r = b; r < e; ++r) {
-      if (r + 16 < e) { PREFETCH(indptr + nodes[r + 16]); PREFETCH(nh + nodes[r + 16]); }
-      if (r + 8 < e) {  /* two-stage look-ahead: the hint row's time, once the hint is cached */
-        const int64_t h8 = __atomic_load_n(&nh[nodes[r + 8]], __ATOMIC_RELAXED);
-        if (h8 >= 0) PREFETCH(ts + h8);
-      }
-      const int64_t n = nodes[r], s = indptr[n], end = indptr[n + 1];
-      const int64_t h = __atomic_load_n(&nh[n], __ATOMIC_RELAXED);
-      const int64_t pos = h >= s && h <= end ? lower_bound_from(ts, s, end, q[r], h)
-                                             : lower_bound(ts, s, end, q[r]);
-      if (pos != h) __atomic_store_n(&nh[n], pos, __ATOMIC_RELAXED);
-      count_one(j, r, s, pos);
+  /* per node: the answer of its last search (benign races: any row works) */
+  int64_t *nh = j->node_hint;
+  for (int64_t r = b; r < e; ++r) {
+    if (r + 16 < e) { PREFETCH(indptr + nodes[r + 16]); PREFETCH(nh + nodes[r + 16]); }
+    if (r + 8 < e) {  /* two-stage look-ahead: the hint row's time, once the hint is cached */
+      const int64_t h8 = __atomic_load_n(&nh[nodes[r + 8]], __ATOMIC_RELAXED);
+      if (h8 >= 0) PREFETCH(ts + h8);
     }
-    return;
-  }
-  for (int64_t r0 = b; r0 < e; r0 += G) {
-    const int64_t g = e - r0 < G ? e - r0 : G;
-    int64_t s[G], lo[G], len[G], most = 0;
-    double qq[G];
-    for (int64_t i = 0; i < g; ++i) {
-      const int64_t n = nodes[r0 + i];
-      s[i] = lo[i] = indptr[n];
-      len[i] = indptr[n + 1] - s[i];
-      qq[i] = q[r0 + i];
-      most = len[i] > most ? len[i] : most;
-    }
-    while (most > 0) {  /* invariant: the answer lies in [lo, lo + len] */
-      most = 0;
-      for (int64_t i = 0; i < g; ++i) {
-        const int64_t half = len[i] >> 1, at = lo[i] + half;
-        const int lt = (len[i] > 0) & (ts[at < last ? at : last] < qq[i]);
-        lo[i] = lt ? at + 1 : lo[i];
-        len[i] = lt ? len[i] - half - 1 : half;
-        most = len[i] > most ? len[i] : most;
-      }
-    }
-    for (int64_t i = 0; i < g; ++i) count_one(j, r0 + i, s[i], lo[i]);
+    const int64_t n = nodes[r], s = indptr[n], end = indptr[n + 1];
+    const int64_t h = __atomic_load_n(&nh[n], __ATOMIC_RELAXED);
+    const int64_t pos = h >= s && h <= end ? lower_bound_from(ts, s, end, q[r], h)
+                                           : lower_bound(ts, s, end, q[r]);
+    if (pos != h) __atomic_store_n(&nh[n], pos, __ATOMIC_RELAXED);
+    count_one(j, r, s, pos);
   }
 }
 
@@ -287,8 +260,8 @@ static void fill_range(const job_t *j, int64_t b, int64_t e) {
   if (pick != stack_pick) free(pick);
 }
 
-/* Pass 1. hint: [D] or NULL (search hints per destination); node_hint: [num_nodes] or NULL
- * (read and updated: per node, its last answer; used when hint is NULL); first, avail: [D]
+/* Pass 1. hint: [D] or NULL (search hints per destination); node_hint: [num_nodes], not NULL
+ * when hint is NULL (read and updated: per node, its last answer); first, avail: [D]
  * scratch; off: [D + 1] (off[r] = first output index of r). Returns M = off[D]. */
 int64_t tgl_count(const int64_t *indptr, int64_t num_nodes, const double *ts, const int64_t *nodes,
                   const double *q, const int64_t *hint, int64_t *node_hint, int64_t D, int64_t k,
