@@ -251,3 +251,68 @@ def test_missing_compiler_warns_once_and_layers_still_work(tmp_path):
     warnings = [ln for ln in lines if "attention kernel is unavailable" in ln]
     assert len(warnings) == 1
     assert lines[-1] == "SHAPE (12, 8)"  # 4 x (src, dst, neg) destinations
+
+
+@needs_kernel
+def test_kernel_softmax_is_stable_for_large_scores():
+    # TGL's scores are not scaled by 1/sqrt(d): scores of several hundred occur, and
+    # exp() of them overflows float32 unless each destination's maximum is subtracted
+    g = torch.Generator().manual_seed(0)
+    qx, X = torch.randn(3, 2, 4, generator=g) * 60, torch.randn(5, 4, generator=g)
+    ptr = torch.tensor([0, 2, 2, 5])
+    aggx, asum = SegmentAttention.apply(qx, None, None, None, X, ptr, None, 0.2, LIB, LIB.threads())
+    ref = _reference(qx.double(), None, None, None, X.double(), ptr, None, 0.2)
+    assert bool(torch.isfinite(aggx).all()) and torch.allclose(asum[[0, 2]], torch.ones(2, 2))
+    assert torch.allclose(aggx.double(), ref[0], atol=1e-4)
+
+
+def test_torch_edge_softmax_is_stable_for_large_scores():
+    from tgl_dist.nn.attention import edge_softmax
+    w = edge_softmax(torch.tensor([[1000.0], [999.0], [-5.0]]), torch.tensor([0, 0, 1]), 2)
+    assert torch.allclose(w.view(-1), torch.tensor([0.7311, 0.2689, 1.0]), atol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("cls", [TemporalAttention, TGNAttention])
+def test_layers_with_a_trained_time_phase(cls):
+    # TimeEncode starts with a zero phase b, which hides every term in b (phi(0) = cos b
+    # and its gradient -sin b): set b as training would, then compare the three paths
+    torch.manual_seed(0)
+    layer = cls(8, 3, 4, 8, num_head=2).eval()
+    with torch.no_grad():
+        layer.time_enc.w.bias.uniform_(0.5, 1.5)
+    _, mfgs, _ = make_batch(6, 30, [4], dim_edge=3, seed=1)
+    h = torch.randn(mfgs[0].num_src, 8, requires_grad=True)
+    (o1, g1), (o2, g2), (o3, g3) = _three_paths(layer, mfgs[0], h, None)
+    assert torch.allclose(o1, o3, atol=1e-5) and torch.allclose(o2, o3, atol=1e-5)
+    for a, c, e in zip(g1, g2, g3):
+        assert torch.allclose(a, e, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(c, e, atol=1e-4, rtol=1e-4)
+
+
+def test_tgn_attention_matches_its_formula():
+    # one destination (node 0, at time 10) with two neighbours; the DyGLib variant
+    # written out: scaled dot product per head, W_r + residual + LayerNorm, the merge MLP
+    torch.manual_seed(0)
+    layer = TGNAttention(2, 0, 2, 3, num_head=2).eval()
+    with torch.no_grad():
+        layer.time_enc.w.bias.uniform_(0.5, 1.5)
+    b = Block({"ID": torch.tensor([0, 1, 2]), "ts": torch.tensor([10.0, 7.0, 4.0]).double()},
+              {"ID": torch.tensor([0, 1]), "dt": torch.tensor([3.0, 6.0])},
+              torch.tensor([[1, 2], [0, 0]]), 1)
+    h = torch.randn(3, 2)
+    te = layer.time_enc
+
+    def phi(dt):
+        return torch.cos(dt.view(-1, 1) * te.w.weight.view(1, -1) + te.w.bias)
+    x = torch.cat([h[0], phi(torch.zeros(1))[0]])                             # [W = 4]
+    xe = torch.cat([h[1:], phi(torch.tensor([3.0, 6.0]))], 1)                 # [2, 4]
+    q = layer.w_q.weight @ x
+    k, v = (xe @ layer.w_kv.weight.t()).split([4, 4], 1)
+    agg = torch.cat([torch.softmax(k[:, c] @ q[c] / 2 ** 0.5, 0) @ v[:, c]
+                     for c in (slice(0, 2), slice(2, 4))])
+    o = layer.layer_norm(layer.w_res(agg) + x)
+    want = layer.merge2(torch.relu(layer.merge1(torch.cat([o, h[0]]))))
+    for kernel, padded in ((True, True), (False, True), (False, False)):
+        layer.use_kernel, layer.padded = kernel, padded
+        assert torch.allclose(layer(b, h)[0], want, atol=1e-5), (kernel, padded)
