@@ -158,3 +158,30 @@ def test_yaml_merge_keys_still_load(tmp_path):
         "a": {"lr": 0.1, "epoch": 3}, "b": {"lr": 0.2, "epoch": 3}}
     with pytest.raises(yaml.YAMLError, match="appears twice"):
         yaml.load("b:\n  lr: 0.1\n  lr: 0.2\n", Loader=_UniqueKeyLoader)
+
+
+def test_the_builder_passes_every_model_field_on():
+    # every shipped config uses att_head 2 and the same dim_time in memory and gnn: other
+    # values must reach the modules, not be replaced by a default or another section's
+    from tgl_dist.models import build_model
+    from tgl_dist.nn import TemporalAttention, TGNAttention
+    cfg = load_config(CONFIGS / "TGN.yml").replace(
+        gnn={"att_head": 4, "dim_time": 12}, train={"dropout": 0.3, "att_dropout": 0.05})
+    assert cfg.memory.dim_time != 12
+    layer = build_model(cfg, 0, 0).gnn_layers[0]
+    assert type(layer) is TemporalAttention and layer.num_head == 4
+    assert layer.time_enc.dim == 12 and layer.dim_time == 12
+    assert layer.dropout.p == 0.3 and layer.att_dropout.p == 0.05
+    assert type(build_model(load_config(CONFIGS / "TGN_DyGLib.yml"), 0, 0).gnn_layers[0]) \
+        is TGNAttention
+    apan = load_config(CONFIGS / "APAN.yml").replace(train={"dropout": 0.3, "att_dropout": 0.05})
+    up = build_model(apan, 0, 0).memory_updater
+    assert (up.dropout.p, up.att_dropout.p) == (0.3, 0.05)
+    assert up.num_head == apan.memory.attention_head and up.mailbox_size == apan.memory.mailbox_size
+
+
+def test_dropout_of_one_is_refused():
+    # p = 1 zeroes every activation: the model would silently learn nothing
+    for field in ("dropout", "att_dropout"):
+        with pytest.raises(ConfigError, match=r"train.%s.*\[0, 1\)" % field):
+            load_config(CONFIGS / "TGN.yml").replace(train={field: 1.0})
