@@ -231,6 +231,8 @@ def test_more_processes_than_gpus(monkeypatch):
     assert _gpu_of(0, "nccl") == 0 and _gpu_of(1, "gloo") == 0 and _gpu_of(2, "gloo") == 0
     with pytest.raises(ValueError, match="NCCL needs one GPU per process.*--nproc_per_node=1"):
         _gpu_of(1, "nccl")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)   # gloo: round-robin
+    assert [_gpu_of(r, "gloo") for r in range(5)] == [0, 1, 0, 1, 0]
 
 
 def test_several_gpu_processes_need_local_rank(monkeypatch):

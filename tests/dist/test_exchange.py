@@ -14,6 +14,10 @@ def test_partition_book_round_trip():
         assert torch.equal(book.to_owner(ids), torch.full_like(ids, r))
         assert torch.equal(book.to_local(ids), torch.arange(ids.numel()))
     assert sorted(torch.cat([book.owned_ids(r) for r in range(3)]).tolist()) == list(range(7))
+    # a last part that owns nothing still counts (a world of 2 where rank 1 holds no node)
+    empty = PartitionBook(torch.tensor([0, 0, 0]), num_parts=2)
+    assert empty.num_parts == 2 and empty.owned_ids(1).numel() == 0
+    empty.check_world(2)
 
 
 def _fetch_worker():
@@ -32,7 +36,14 @@ def _fetch_worker():
     y = AllToAllV.apply(x, [1, 1], [1, 1], None)
     (y * torch.arange(2).view(2, 1).float()).sum().backward()
     g = all_gather_v(torch.arange(ctx.rank + 1))
-    return rows.view(-1).tolist(), sorted(zip(loc.tolist(), val.tolist())), x.grad.tolist(), g.tolist()
+    # uneven counts: rank 0 sends 1 row to itself and 2 to rank 1, rank 1 one to itself;
+    # each received row is weighted by its position + 1 on the receiving rank
+    send, recv = ([1, 2], [1, 0]) if ctx.rank == 0 else ([0, 1], [2, 1])
+    u = torch.arange(sum(send) * 2, dtype=torch.float32).view(-1, 2).requires_grad_()
+    v = AllToAllV.apply(u, send, recv, None)
+    (v * torch.arange(1, v.size(0) + 1).float().view(-1, 1)).sum().backward()
+    return (rows.view(-1).tolist(), sorted(zip(loc.tolist(), val.tolist())), x.grad.tolist(),
+            g.tolist(), v.tolist(), u.grad[:, 0].tolist())
 
 
 @pytest.mark.distributed
@@ -47,6 +58,8 @@ def test_fetch_push_two_ranks():
     assert r0[2] == [[0.0] * 3, [0.0] * 3]
     assert r1[2] == [[1.0] * 3, [1.0] * 3]
     assert r0[3] == r1[3] == [0, 0, 1]
+    assert r0[4] == [[0.0, 1.0]] and r1[4] == [[2.0, 3.0], [4.0, 5.0], [0.0, 1.0]]
+    assert r0[5] == [1.0, 1.0, 2.0] and r1[5] == [3.0]
 
 
 def _async_worker():

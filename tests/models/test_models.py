@@ -240,6 +240,9 @@ def _grad_worker():
 def test_gradients_are_averaged_over_ranks():
     (b0, l0, g0), (b1, l1, g1) = run_distributed(_grad_worker, 2)
     assert (b0 == b1).all()
+    torch.manual_seed(0)   # broadcast_parameters sends rank 0's initial values to all ranks
+    ref = build_model(load_config(CONFIGS / "TGAT.yml"), 0, 0).predictor.out_fc.bias
+    assert torch.equal(torch.from_numpy(b0), ref.detach())
     assert torch.allclose(torch.from_numpy(g0), torch.from_numpy((l0 + l1) / 2))
     assert (g0 == g1).all()
 
