@@ -275,3 +275,17 @@ def test_gloo_collectives_run_on_the_cpu():
     from tgl_dist.dist import comm_device
     assert comm_device() is None                                 # no process group
     assert run_distributed(_comm_device_worker, 2) == [("cpu", [1.0, 1.0])] * 2
+
+
+def test_device_flag_reaches_the_context(monkeypatch):
+    # --device cpu must keep a GPU machine's run on the CPU (use_gpu=False), not "auto"
+    import argparse
+
+    from tgl_dist.cli import init_context
+    from tgl_dist.context import DistributedContext
+    seen = []
+    monkeypatch.setattr(DistributedContext, "init", staticmethod(lambda **kw: seen.append(kw)))
+    for device in ("cpu", "cuda", "auto"):
+        init_context(argparse.Namespace(device=device, backend="gloo", timeout=5.0))
+    assert [kw["use_gpu"] for kw in seen] == [False, True, None]
+    assert all(kw["backend"] == "gloo" and kw["timeout"] == 5.0 for kw in seen)

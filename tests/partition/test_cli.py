@@ -107,3 +107,13 @@ def test_synthetic_only_flags_with_a_file_are_an_error(tmp_path, capsys):
     from tgl_dist.data import load_dataset
     with pytest.raises(ValueError, match="synthetic generator takes no argument colour"):
         load_dataset("synthetic", colour=1)
+
+
+def test_algo_seed_and_name_reach_the_partition(tmp_path, capsys):
+    args = ["--data", "synthetic", "--num-nodes", "100", "--num-events", "600", "--num-parts",
+            "2", "--algo", "random", "--seed", "3", "--name", "foo", "--out", str(tmp_path),
+            "--quiet"]
+    assert main(args) == 0
+    manifest = json.loads((tmp_path / "foo" / "random_2" / "manifest.json").read_text())
+    assert manifest["algorithm"] == "random" and manifest["seed"] == 3
+    assert manifest["name"] == "foo"
