@@ -125,3 +125,33 @@ def test_fault_hook_and_position_message(tmp_path, monkeypatch):
         with ck.guard():
             ck.at(2, "train", 5)
             raise PeerFailureError("collective 'counts' failed")
+
+
+def test_partition_identity_tells_repartitions_apart(tmp_path):
+    # same data, algorithm and part count, another partition seed: node ownership differs,
+    # so a checkpoint's memory shards would land on other nodes: the identity must differ
+    from tgl_dist.checkpoint.state import partition_identity
+    from tgl_dist.data import generate_synthetic
+    from tgl_dist.partition import partition_graph
+    from tgl_dist.partition.storage import read_manifest
+    g = generate_synthetic(num_nodes=60, num_events=400)
+    a = partition_graph(g, 2, "random", tmp_path / "a", seed=0)
+    b = partition_graph(g, 2, "random", tmp_path / "b", seed=1)
+    ia, ib = partition_identity(read_manifest(a)), partition_identity(read_manifest(b))
+    assert {k: ia[k] for k in ("name", "algorithm", "num_parts", "fingerprint")} == \
+        {k: ib[k] for k in ("name", "algorithm", "num_parts", "fingerprint")}
+    assert ia["files_sha256"] != ib["files_sha256"]
+    assert partition_identity(read_manifest(a)) == ia
+
+
+def test_a_new_run_over_a_committed_one_warns(tmp_path, caplog):
+    import logging
+
+    import torch
+
+    from tgl_dist.checkpoint import CheckpointManager
+    from tgl_dist.checkpoint.recovery import RunCheckpoint
+    CheckpointManager(tmp_path / "ck").save({"w": torch.ones(1)}, {}, {"epoch": 1})
+    with caplog.at_level(logging.WARNING):
+        RunCheckpoint(tmp_path / "ck", resume=False)
+    assert "holds a committed run (version 1)" in caplog.text and "--resume" in caplog.text
