@@ -49,8 +49,13 @@ def test_torchrun_two_processes_jodie(tmp_path):
     out = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                 "--standalone", str(SCRIPT),
                 "--config", str(cfg), "--partition-algo", "hash",
-                "--parts", str(tmp_path / "parts"), *TINY], tmp_path)
+                "--parts", str(tmp_path / "parts"), "--checkpoint-dir", str(tmp_path / "ck"),
+                *TINY], tmp_path)
     assert out["world_size"] == 2 and out["model"] == "JODIE"
+    # each step's window is --batch-size events over both ranks (not per rank): 1,050
+    # training events in windows of 100 (reorder 4 shifts the first by a chunk) -> 11 steps
+    meta = json.loads(next((tmp_path / "ck").glob("v*/manifest_0.json")).read_text())["meta"]
+    assert meta["global_step"] == 11
     assert len(out["peak_rss_mib_per_rank"]) == 2
     assert 0.0 <= out["test_ap"] <= 1.0
 
