@@ -133,3 +133,41 @@ def test_a_hist_len_longer_than_the_data_is_an_error_not_a_trace(tmp_path):
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "error: --hist-len 100000: " in out.stderr and "lower hist_len" in out.stderr
+
+
+def test_the_example_wires_its_arguments_into_the_trainer(tmp_path, monkeypatch):
+    """--lr, --patience and --dtype reach the Trainer and the model; an early stop still
+    commits a final checkpoint; the JSON line reports the epochs that ran. The Trainer is a
+    stub that stops after its second epoch (no training: the wiring is what is checked)."""
+    import torch
+    mod = _common()
+    seen = {}
+
+    class StubTrainer:
+        def __init__(self, model, task, splitter, lr, weight_decay, epochs, patience, progress):
+            seen.update(lr=lr, weight_decay=weight_decay, patience=patience,
+                        dtype={p.dtype for p in model.parameters()})
+            self.splitter, self.epochs, self.start_epoch, self.partial = splitter, epochs, 0, None
+            self.stopped, self.hooks, self.step_hooks, self.eval_hooks = False, [], [], []
+
+        def checkpoint_state(self):
+            return {"w": torch.zeros(1)}, {}, {"epoch": 2, "step": 0, "done": self.stopped}
+
+        def fit(self):
+            for epoch in range(2):
+                self.stopped = epoch == 1
+                for hook in self.hooks:
+                    hook(self, epoch, {})
+            return {"epochs_run": 2, "best_epoch": 0, "snapshots_per_s": 1.0}
+    monkeypatch.setattr(mod, "Trainer", StubTrainer)
+    data = _tiny_json(tmp_path / "tiny.json")
+    monkeypatch.setattr(sys, "argv", [
+        "train_link_pred.py", "--data", str(data), "--algo", "random", "--parts",
+        str(tmp_path / "parts"), "--device", "cpu", "--epochs", "30", "--lr", "0.0321",
+        "--patience", "7", "--weight-decay", "0.001", "--dtype", "float64", "--hist-len", "3",
+        "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "10e"])
+    out = mod._run("Train.", "link_pred", data="x", model="evolvegcn-o", hist_len=3, lr=0.01,
+                   epochs=30, lags=4)
+    assert seen == {"lr": 0.0321, "weight_decay": 0.001, "patience": 7, "dtype": {torch.float64}}
+    assert out["epochs"] == 2 and out["dtype"] == "float64"
+    assert (tmp_path / "ck" / "VERSION").read_text().strip() == "1"   # the early stop's save
