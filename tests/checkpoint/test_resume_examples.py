@@ -131,3 +131,7 @@ def test_dtdg_resume_mid_epoch_is_bitwise(tmp_path, script, model):
     assert checkpoint_diff(tmp_path / "ck", tmp_path / "part") == []
     keys = [k for k in full if k.startswith(("test_", "dev_", "baseline_"))] + ["best_epoch", "epochs"]
     assert keys and {k: res[k] for k in keys} == {k: full[k] for k in keys}
+    # another learning rate is another run: refused, not continued
+    p = _run([*args, "--lr", "0.02", "--checkpoint-dir", str(tmp_path / "part"), "--resume"],
+             tmp_path, ok=False)
+    assert "run_meta['args']" in p.stderr and "lr" in p.stderr, p.stderr[-2000:]
