@@ -171,3 +171,30 @@ def test_the_example_wires_its_arguments_into_the_trainer(tmp_path, monkeypatch)
     assert seen == {"lr": 0.0321, "weight_decay": 0.001, "patience": 7, "dtype": {torch.float64}}
     assert out["epochs"] == 2 and out["dtype"] == "float64"
     assert (tmp_path / "ck" / "VERSION").read_text().strip() == "1"   # the early stop's save
+
+
+def test_the_partition_is_written_again_for_edited_data_or_another_seed(tmp_path):
+    """As for CTDG: the cached DTDG partition is reused only for the same data (its
+    fingerprint) and the same --seed; otherwise it is written again."""
+    from tgl_dist.cli import parse_run_arguments
+    from tgl_dist.context import DistributedContext
+    from tgl_dist.partition.storage import read_manifest
+    mod = _common()
+    data = _tiny_json(tmp_path / "tiny.json")
+    ctx = DistributedContext.init(use_gpu=False)
+    p = mod.build_parser("Train.", "d", "evolvegcn-o", 3, 0.01, 30, 1)
+
+    def prepare(*extra):
+        args, _ = parse_run_arguments(p, ["--data", str(data), "--algo", "random", "--parts",
+                                          str(tmp_path / "parts"), *extra])
+        return Path(mod._prepare(args, ctx, "node_regression")[1]["path"])
+    path = prepare()
+    written = (path / "manifest.json").stat().st_mtime_ns
+    fp = read_manifest(path)["fingerprint"]
+    assert prepare() == path and (path / "manifest.json").stat().st_mtime_ns == written  # reused
+    doc = json.loads(data.read_text())
+    e = doc["0"]["edges"][0]
+    doc["0"]["edges"][0] = [e[1], (e[0] + 1) % 30]       # one edge edited
+    data.write_text(json.dumps(doc))
+    assert prepare() == path and read_manifest(path)["fingerprint"] != fp
+    assert read_manifest(prepare("--seed", "1"))["seed"] == 1
