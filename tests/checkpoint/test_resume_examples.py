@@ -5,6 +5,7 @@ shard, RNG states, metrics history, early stopping, best model) are compared bit
 the JSON lines' metrics must be equal. Runs are stopped with the TGL_DIST_FAULT
 testing hook (a raised exception or a SIGKILL at a given step).
 """
+import csv
 import json
 import os
 import subprocess
@@ -47,7 +48,8 @@ def _tgn(tmp, ck, *extra):
 def full_run(tmp_path_factory):
     """An uninterrupted 2-epoch run with a checkpoint every 3 steps (7 train steps an epoch)."""
     tmp = tmp_path_factory.mktemp("full")
-    out = _run(_tgn(tmp, "ck", "--epochs", "2", "--checkpoint-every", "3"), tmp)
+    out = _run(_tgn(tmp, "ck", "--epochs", "2", "--checkpoint-every", "3", "--metrics-csv",
+                    str(tmp / "full.csv")), tmp)
     return tmp, out
 
 
@@ -63,9 +65,16 @@ def test_one_process_resume_to_more_epochs_and_mid_epoch_is_bitwise(full_run):
     meta = json.loads(next((tmp / "part").glob("v*/manifest_0.json")).read_text())["meta"]
     assert meta == {"epoch": 1, "step": 2, "global_step": 9, "done": False}
     assert checkpoint_diff(tmp / "ck", tmp / "part")  # the comparison can fail
-    res = _run(_tgn(tmp, "part", *args), tmp)
+    res = _run(_tgn(tmp, "part", *args, "--metrics-csv", str(tmp / "part.csv")), tmp)
     assert checkpoint_diff(tmp / "ck", tmp / "part") == []
     assert {k: res[k] for k in METRICS} == {k: full[k] for k in METRICS}
+    # the resumed run's metrics CSV holds every epoch, the restored ones included
+    def rows(name):
+        with open(tmp / name) as fh:
+            return [{k: v for k, v in r.items() if k not in ("train_events_per_s", "epoch_s")}
+                    for r in csv.DictReader(fh)]
+    assert [r["epoch"] for r in rows("part.csv")] == ["0", "1"]
+    assert rows("part.csv") == rows("full.csv")
 
 
 @pytest.mark.slow

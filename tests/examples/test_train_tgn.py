@@ -103,3 +103,8 @@ def test_a_partition_of_other_data_is_written_again(tmp_path):
     mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "700",
                                                                 "--data-seed", "3"]), ctx)
     assert read_manifest(part)["fingerprint"] != fp                     # another seed: rewritten
+    written = (part / "manifest.json").stat().st_mtime_ns
+    mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "700",
+                                                                "--data-seed", "3",
+                                                                "--repartition"]), ctx)
+    assert (part / "manifest.json").stat().st_mtime_ns != written       # --repartition: rewritten
