@@ -1,13 +1,11 @@
 """``--help`` of the example scripts: every default said once, none for unset options."""
 import argparse
-import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts_util import load_script
 from tgl_dist.checkpoint import CheckpointError
 from tgl_dist.errors import DataFormatError
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, file_path, folder_path,
@@ -36,21 +34,10 @@ def test_formatter_adds_a_default_once():
     assert "no bars" in text and "default: False" not in text
 
 
-def _load(path: Path, name: str):
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(path.parent))
-
-
 @pytest.mark.parametrize("script", ["ctdg/train_tgn.py", "dtdg/_common.py"])
 def test_example_help_has_no_repeated_or_empty_default(script):
     path = REPO / "examples" / script
-    mod = _load(path, "_help_" + path.stem)
+    mod = load_script(path, "_help_" + path.stem)
     parser = (mod.build_parser() if script.startswith("ctdg") else
               mod.build_parser("Train.", "d", "evolvegcn-o", 10, 0.01, 30, 4))
     assert parser.formatter_class is HelpFormatter
@@ -164,7 +151,7 @@ def test_train_tgn_rejects_bad_arguments(argv, message, tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")
     fill = {"file": str(f), "dir": str(tmp_path)}
-    mod = _load(REPO / "examples" / "ctdg" / "train_tgn.py", "_args_train_tgn")
+    mod = load_script(REPO / "examples" / "ctdg" / "train_tgn.py", "_args_train_tgn")
     with pytest.raises(SystemExit) as e:
         parse_run_arguments(mod.build_parser(), [a.format(**fill) for a in argv])
     assert e.value.code == 2

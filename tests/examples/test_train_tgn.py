@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts_util import load_script
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "ctdg" / "train_tgn.py"
 KEYS = {"model", "data", "world_size", "epochs", "val_ap", "test_ap", "test_auc", "test_mrr",
@@ -79,15 +80,8 @@ def test_torchrun_batch_not_a_multiple_of_the_processes_is_refused(tmp_path):
 def test_a_partition_of_other_data_is_written_again(tmp_path):
     """The partition cache is keyed by the data's fingerprint, not only its name: another
     --num-events (or an edited file) partitions again instead of training on stale parts."""
-    import importlib.util
     import types
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("_tgn_parts", SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    mod = load_script(SCRIPT, "_tgn_parts")
     from tgl_dist.partition.storage import read_manifest
     ctx = types.SimpleNamespace(rank=0, world_size=1)
     parts = ["--parts", str(tmp_path / "parts"), "--num-nodes", "60"]

@@ -5,13 +5,12 @@ early stopping, the metrics CSV, the JSON summary, the memory reset schedule and
 resume after an early stop are checked against known values, not ranges.
 """
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts_util import load_script
 from tgl_dist.checkpoint import CheckpointError
 from tgl_dist.loader import DistributedDataLoader
 from tgl_dist.memory import SharedMailBox
@@ -20,17 +19,6 @@ from tgl_dist.metrics import LinkPredMetrics
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "ctdg" / "train_tgn.py"
 VAL = [0.5, 0.7, 0.6, 0.65]     # best at epoch 1; with --patience 1 the run stops after epoch 2
 TEST = [0.1, 0.2, 0.3, 0.4]
-
-
-def _script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("_tgn_loop", SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return mod
 
 
 @pytest.fixture
@@ -67,7 +55,7 @@ def _args(tmp_path, *extra):
 
 
 def test_best_epoch_early_stop_csv_summary_and_memory_schedule(tmp_path, scripted):
-    mod = _script()
+    mod = load_script(SCRIPT, "_tgn_loop")
     out = mod.main(_args(tmp_path, "--epochs", "4", "--patience", "1"))
     assert (out["epochs"], out["best_epoch"]) == (3, 1)
     assert (out["val_ap"], out["test_ap"], out["test_auc"]) == (0.7, 0.2, 0.2)
@@ -91,7 +79,7 @@ def test_best_epoch_early_stop_csv_summary_and_memory_schedule(tmp_path, scripte
 
 
 def test_an_early_stopped_run_resumes_as_finished(tmp_path, scripted):
-    mod = _script()
+    mod = load_script(SCRIPT, "_tgn_loop")
     ck = str(tmp_path / "ck")
     first = mod.main(_args(tmp_path, "--epochs", "4", "--patience", "1", "--checkpoint-dir", ck,
                            "--checkpoint-every", "1000"))
@@ -111,7 +99,7 @@ def test_an_early_stopped_run_resumes_as_finished(tmp_path, scripted):
 
 def test_lr_and_eval_neg_reach_the_optimizer_and_the_evaluation_negatives(tmp_path, scripted,
                                                                          monkeypatch):
-    mod = _script()
+    mod = load_script(SCRIPT, "_tgn_loop")
     seen = {}
     build_optimizer, negative = mod.build_optimizer, mod.NegativeSampling
 
