@@ -1,5 +1,6 @@
 """DistributedDataLoader: time-aligned windows, exactly-once visits, empty windows, features, hooks."""
 import io
+import os
 import time
 import threading
 
@@ -343,6 +344,39 @@ def test_prefetch_thread_uses_the_iterating_threads_gpu(parts, monkeypatch):
                                batch_size=500, train=False, queue_size=2)
     assert len(list(ld)) == len(ld)
     assert calls == [("tgl_dist-loader-val", 3)]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task")
+                    or "parallel backend: OpenMP" not in torch.__config__.parallel_info(),
+                    reason="counts the process's threads in Linux's /proc; torch on OpenMP")
+def test_prefetch_thread_runs_its_operators_on_one_openmp_thread(parts, monkeypatch):
+    # A parallel-sized operator in the producer (e.g. the sampler building its records on
+    # first use) gave that thread an OpenMP team of its own. With more OpenMP threads than
+    # cores libgomp stops spin-waiting, and the training thread's steps took twice as long.
+    g, _, out = parts
+    graph = DistributedGraphStore(partition_load(out / g.name, "random"))
+    ld = DistributedDataLoader(graph, "val", None, neg_sampler=NegativeSampling(), batch_size=500,
+                               train=False, queue_size=2)
+    threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    seen, make = [], DistributedDataLoader._make
+
+    def big_make(self, w, epoch):
+        torch.ones(1 << 20).mul_(2)  # parallel-sized on more than one thread
+        seen.append((threading.current_thread().name, torch.get_num_threads(), threads()))
+        return make(self, w, epoch)
+
+    monkeypatch.setattr(DistributedDataLoader, "_make", big_make)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.ones(1 << 20).mul_(2)  # the iterating thread's own team exists before the count
+        before = threads()
+        assert len(list(ld)) == len(ld)
+        assert torch.get_num_threads() == 2  # the iterating thread keeps its setting
+    finally:
+        torch.set_num_threads(old)
+    assert seen and all(name == "tgl_dist-loader-val" and n == 1 for name, n, _ in seen)
+    assert max(t for _, _, t in seen) <= before + 1, "the producer started OpenMP workers"
 
 
 def test_iteration_abandoned_with_a_full_queue_does_not_hang_the_next(parts):

@@ -345,6 +345,31 @@ def shares_torch_openmp(lib: ctypes.CDLL) -> bool:
     return ours is not None and ours == theirs
 
 
+def serial_openmp_thread() -> bool:
+    """Make torch's operators called from THIS thread run on one OpenMP thread.
+
+    For a background thread (the loader's). When a second thread runs a torch operator
+    large enough to go parallel, GNU OpenMP gives that thread its own team of
+    ``torch.get_num_threads()`` workers. Once there are more OpenMP threads than cores,
+    libgomp stops spin-waiting between parallel regions: every later region, the training
+    thread's too, wakes sleeping workers. A TGN step on 2 cores then takes twice as long
+    (``benchmarks/RESULTS.md``). The training thread's setting is left alone.
+
+    torch sets a thread's OpenMP count from its global setting on the thread's first
+    query (``torch.get_num_threads()``), so the count is set to 1 after that query.
+    Returns whether torch now runs this thread's operators on one thread. Returns False
+    when torch's OpenMP runtime could not be reached; nothing is changed then.
+    """
+    try:
+        (torch_cpu,) = Path(torch.__file__).parent.joinpath("lib").glob("libtorch_cpu.*")
+        set_threads = ctypes.CDLL(str(torch_cpu)).omp_set_num_threads
+    except (ValueError, OSError, AttributeError):  # no single libtorch_cpu, no OpenMP
+        return False
+    if torch.get_num_threads() > 1:
+        set_threads(1)
+    return torch.get_num_threads() == 1
+
+
 def openmp_threads(lib: ctypes.CDLL, built_with_openmp: bool) -> Callable[[], int]:
     """The worker count to pass to an OpenMP kernel: torch's own
     (``torch.get_num_threads()``, read at each call) when the kernel shares torch's
