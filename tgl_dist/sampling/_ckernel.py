@@ -333,13 +333,19 @@ def load_openmp(source: Path, load: Callable[[Path], ctypes.CDLL],
     return lib
 
 
+def _torch_cpu() -> ctypes.CDLL:
+    """torch's ``libtorch_cpu``, opened: its symbols resolve as torch's own calls resolve
+    them. ``ValueError`` when there is not exactly one, ``OSError`` when it cannot be opened."""
+    (path,) = Path(torch.__file__).parent.joinpath("lib").glob("libtorch_cpu.*")
+    return ctypes.CDLL(str(path))
+
+
 def shares_torch_openmp(lib: ctypes.CDLL) -> bool:
     """Whether ``lib`` calls the same OpenMP runtime as torch: its ``omp_get_max_threads``
     resolves to the very function torch's ``libtorch_cpu`` resolves it to."""
     try:
-        (torch_cpu,) = Path(torch.__file__).parent.joinpath("lib").glob("libtorch_cpu.*")
         ours = ctypes.cast(lib.omp_get_max_threads, ctypes.c_void_p).value
-        theirs = ctypes.cast(ctypes.CDLL(str(torch_cpu)).omp_get_max_threads, ctypes.c_void_p).value
+        theirs = ctypes.cast(_torch_cpu().omp_get_max_threads, ctypes.c_void_p).value
     except (ValueError, OSError, AttributeError):  # no single libtorch_cpu, no symbol
         return False
     return ours is not None and ours == theirs
@@ -361,8 +367,7 @@ def serial_openmp_thread() -> bool:
     when torch's OpenMP runtime could not be reached; nothing is changed then.
     """
     try:
-        (torch_cpu,) = Path(torch.__file__).parent.joinpath("lib").glob("libtorch_cpu.*")
-        set_threads = ctypes.CDLL(str(torch_cpu)).omp_set_num_threads
+        set_threads = _torch_cpu().omp_set_num_threads
     except (ValueError, OSError, AttributeError):  # no single libtorch_cpu, no OpenMP
         return False
     if torch.get_num_threads() > 1:
