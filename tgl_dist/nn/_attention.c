@@ -40,7 +40,7 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 3; }
+int64_t tgl_att_abi(void) { return 4; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -347,4 +347,31 @@ void tgl_att_bwd(int64_t D, int64_t H, int64_t dn, int64_t cx, int64_t U, const 
   j.g_qx = g_qx; j.g_qb = g_qb; j.g_X = g_X; j.g_xh = g_xh; j.g_hs = g_hs; j.tmp = tmp;
   run(&j, threads, bwd_range);
   if (dn) run(&j, threads, scatter_range);
+}
+
+/* CSR offsets of edges listed by destination: ptr [D + 1] with the edges of d at
+ * ptr[d] .. ptr[d+1]-1, from dst [M]. Returns 0, or 1 when dst is not sorted (ptr is then
+ * unspecified), or -1 when a destination is outside 0 .. D-1. One serial pass. */
+int tgl_att_csr(int64_t M, int64_t D, const int64_t *dst, int64_t *ptr) {
+  int64_t d = 0;   /* ptr[0 .. d] are written */
+  ptr[0] = 0;
+  for (int64_t e = 0; e < M; ++e) {
+    const int64_t v = dst[e];
+    if (v < 0 || v >= D) return -1;
+    if (v < d) return 1;
+    while (d < v) ptr[++d] = e;
+  }
+  while (d < D) ptr[++d] = M;
+  return 0;
+}
+
+/* out[idx[i], :] += src[i, :] for i = 0 .. n-1 in order (src rows ld floats apart, out
+ * rows d floats apart, `rows` of them): torch's index_add_ on CPU, serially. Returns 0, or
+ * -1 when an index is outside 0 .. rows-1 (checked before anything is written). */
+int tgl_att_index_add(int64_t n, int64_t d, const int64_t *idx, const float *src, int64_t ld,
+                      float *out, int64_t rows) {
+  for (int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || idx[i] >= rows) return -1;
+  for (int64_t i = 0; i < n; ++i) axpy(out + idx[i] * d, 1.f, src + i * ld, d);
+  return 0;
 }

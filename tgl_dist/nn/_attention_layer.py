@@ -22,13 +22,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.nn._attention_kernel import segment_backward, segment_forward
+from tgl_dist.nn._attention_kernel import index_add_rows, segment_backward, segment_forward
 from tgl_dist.nn._pointwise import time_encoding_backward, time_encoding_forward
-
-
-def _heads(m: Tensor, H: int) -> Tensor:
-    """``[H, D, c]`` view of the ``[D, H * c]`` matrix ``m`` (head j: columns ``j c .. (j+1) c - 1``)."""
-    return m.view(m.size(0), H, -1).transpose(0, 1)
 
 
 def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
@@ -47,21 +42,33 @@ def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
     return qk, qb
 
 
-def value_terms(agg: Tensor, asum: Tensor, w_v: Tensor, b_v: Optional[Tensor],
-                out: Optional[Tensor] = None) -> Tensor:
+def value_terms(agg: Tensor, asum: Tensor, w_v: Tensor, b_v: Optional[Tensor]) -> Tensor:
     """``sum_j a_j v_j = W_v (sum_j a_j x_j) + b_v sum_j a_j`` per head, heads concatenated.
 
     ``agg [D, H, C]`` (sum_j a_j x_j), ``asum [D, H]`` (sum_j a_j), ``w_v [d, C]``,
-    ``b_v [d]`` or ``None`` -> ``[D, d]``; written into ``out [D, d]`` (no autograd) when
-    given. One product batched over the heads.
+    ``b_v [d]`` or ``None`` -> ``[D, d]``. One product batched over the heads.
     """
     D, H, _ = agg.shape
     c = w_v.size(0) // H
     a, w = agg.transpose(0, 1), w_v.view(H, c, -1).transpose(1, 2)       # [H, D, C], [H, C, c]
-    o = None if out is None else _heads(out, H)
-    v = (torch.bmm(a, w, out=o) if b_v is None
-         else torch.baddbmm(asum.t().unsqueeze(2) * b_v.view(H, 1, c), a, w, out=o))
-    return out if out is not None else v.transpose(0, 1).reshape(D, H * c)
+    v = (torch.bmm(a, w) if b_v is None
+         else torch.baddbmm(asum.t().unsqueeze(2) * b_v.view(H, 1, c), a, w))
+    return v.transpose(0, 1).reshape(D, H * c)
+
+
+def _query_terms_into(q: Tensor, w_k: Tensor, b_k: Tensor, num_head: int
+                      ) -> Tuple[Tensor, Tensor]:
+    """:func:`query_terms` without autograd: one product per head written straight into
+    the ``[D, H, C]`` layout (``bmm`` gives ``[H, D, C]``, which then needs a transposing
+    copy)."""
+    D, d = q.shape
+    H, C = num_head, w_k.size(1)
+    c = d // H
+    qh, wk = q.view(D, H, c), w_k.view(H, c, C)
+    qk = torch.empty(D, H, C)
+    for j in range(H):
+        torch.mm(qh[:, j], wk[j], out=qk[:, j])
+    return qk, (qh * b_k.view(H, c)).sum(-1)
 
 
 class AttentionLayer(torch.autograd.Function):
@@ -121,18 +128,20 @@ class AttentionLayer(torch.autograd.Function):
         g_agg = torch.empty_like(agg)
         gvh = gv.view(D, H, c)
         torch.bmm(gvh.permute(1, 2, 0), agg.transpose(0, 1), out=g_wkv[d:].view(H, c, -1))
-        torch.bmm(gvh.transpose(0, 1), w_v, out=g_agg.transpose(0, 1))
-        torch.sum(gvh * asum.unsqueeze(2), 0, out=g_bkv[d:].view(H, c))
+        for j in range(H):   # per head, straight into g_agg's [D, H, C] layout (no copy)
+            torch.mm(gv[:, j * c:(j + 1) * c], w_v[j], out=g_agg[:, j])
+        torch.bmm(asum.t().unsqueeze(1), gvh.transpose(0, 1), out=g_bkv[d:].view(H, 1, c))
         g_asum = (gvh * b_v).sum(2)
         g_qk, g_qb, g_h, g_x = segment_backward(att, att.threads(), qk, True, h, idx, x, ptr,
                                                 att_mask, 0.2, s, alpha, g_agg, g_asum)
         # qk_j = W_k,j^T q_j, qb_j = q_j . b_k,j
         g_q = torch.empty(D, d)
         qh = q.view(D, H, c)
-        torch.baddbmm(g_qb.t().unsqueeze(2) * b_k.unsqueeze(1), g_qk.transpose(0, 1),
-                      w_k.transpose(1, 2), out=_heads(g_q, H))
+        for j in range(H):
+            torch.mm(g_qk[:, j], w_k[j].t(), out=g_q[:, j * c:(j + 1) * c])
+        g_q.view(D, H, c).addcmul_(g_qb.unsqueeze(2), b_k.unsqueeze(0))
         torch.bmm(qh.permute(1, 2, 0), g_qk.transpose(0, 1), out=g_wkv[:d].view(H, c, -1))
-        torch.sum(qh * g_qb.unsqueeze(2), 0, out=g_bkv[:d].view(H, c))
+        torch.bmm(g_qb.t().unsqueeze(1), qh.transpose(0, 1), out=g_bkv[:d].view(H, 1, c))
         # q = W_qh h_dst + W_qt cos(b) + b_q
         w_qh, w_qt = w_q.split([dn, dtd], 1)
         g_wq = torch.empty_like(w_q)
@@ -140,7 +149,7 @@ class AttentionLayer(torch.autograd.Function):
         g_bq = g_q.sum(0)
         torch.outer(g_bq, c0, out=g_wq[:, dn:])
         g_hdst.addmm_(g_q, w_qh)
-        g_h.index_add_(0, dst_rows, g_hdst)
+        index_add_rows(g_h, dst_rows, g_hdst)
         # time encoding: the edges' rows and phi(0)
         g_tew = g_teb = None
         if sinz is not None:
@@ -177,11 +186,15 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
     # q . k_e = (W_k,j^T q_j) . x_e + q_j . b_k,j per head j (no per-edge keys)
     w_k, w_v = w_kv.split([d, d], 0)
     b_k, b_v = b_kv.split([d, d], 0)
-    qk, qb = query_terms(q, w_k, b_k, H)                                 # [D, H, C], [D, H]
+    qk, qb = _query_terms_into(q, w_k, b_k, H)                           # [D, H, C], [D, H]
     agg, asum, s, alpha = segment_forward(att, att.threads(), qk, qb, h, idx, x, ptr,
                                           att_mask, 0.2)
     # sum_e a_e v_e = W_v,j agg_j + b_v,j asum_j per head j
-    value_terms(agg, asum, w_v, b_v, out=vh[:, :d])
+    c = d // H
+    wv = w_v.view(H, c, -1)
+    for j in range(H):   # per head, straight into vh's columns (no copy)
+        torch.mm(agg[:, j], wv[j].t(), out=vh[:, j * c:(j + 1) * c])
+    vh[:, :d].view(D, H, c).addcmul_(asum.unsqueeze(2), b_v.view(1, H, c))
     o = torch.addmm(b_o, vh, w_o.t())
     r = torch.relu(o if out_mask is None else o * out_mask)
     z, mean, rstd = torch.native_layer_norm(r, [d], ln_w, ln_b, ln_eps)

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgl_dist.nn._attention_kernel import SegmentAttention, get_attention_kernel, kernel_usable
+from tgl_dist.nn._attention_kernel import (SegmentAttention, csr_from_dst, get_attention_kernel,
+                                           kernel_usable)
 from tgl_dist.nn._attention_layer import (AttentionLayer, attention_layer, query_terms,
                                           value_terms)
 from tgl_dist.nn._pointwise import KERNEL as POINTWISE
@@ -72,12 +73,7 @@ def padded_layout(block: Block) -> Optional[Tuple[Tensor, Tensor, int]]:
 def csr_offsets(block: Block) -> Optional[Tensor]:
     """``ptr [D + 1]``: the edges of destination d are ``ptr[d] .. ptr[d+1]-1`` (CSR), or
     ``None`` when the edges are not grouped by destination."""
-    dst = block.edge_index[1]
-    if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
-        return None
-    ptr = torch.zeros(block.num_dst + 1, dtype=torch.long, device=dst.device)
-    torch.cumsum(torch.bincount(dst, minlength=block.num_dst), 0, out=ptr[1:])
-    return ptr
+    return csr_from_dst(block.edge_index[1], block.num_dst)
 
 
 def segment_attend(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], w_v: Tensor,

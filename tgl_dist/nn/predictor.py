@@ -16,6 +16,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from tgl_dist.nn._attention_kernel import index_add_rows
+
 
 class EdgePredictor(nn.Module):
     """Score positive and negative destinations of each source.
@@ -111,8 +113,8 @@ class ScoreRows(torch.autograd.Function):
         g_emb = None
         if need[0]:
             g_emb = hs.new_zeros(ctx.rows, hs.size(1))
-            g_emb.index_add_(0, src, gs.mm(w_s))
-            g_emb.index_add_(0, dst, gz.mm(w_d))
+            index_add_rows(g_emb, src, gs.mm(w_s))
+            index_add_rows(g_emb, dst, gz.mm(w_d))
         return (g_emb, None, None,
                 gs.t().mm(hs) if need[3] else None, gs.sum(0) if need[4] else None,
                 gz.t().mm(hd) if need[5] else None, gz.sum(0) if need[6] else None,
