@@ -40,7 +40,7 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 4; }
+int64_t tgl_att_abi(void) { return 5; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -58,6 +58,10 @@ typedef struct {
   float *s, *alpha, *aggx, *asum;
   /* backward */
   const float *g_aggx, *g_asum; float *g_qx, *g_qb, *g_X, *g_xh, *g_hs, *tmp;
+  /* backward, time encoding folded in (te_part != NULL): the last td columns of X are
+   * cos(dt * w + b) with sin kept in sinz [M, td]; per destination, te_part [D, 2 td] gets
+   * the sums over its edges of gz * dt and gz, gz = -(d loss / d X[e, c]) sin z */
+  const float *dt, *sinz; float *te_part; int64_t td;
   int64_t d0, d1, u0, u1;
 } job_t;
 
@@ -236,8 +240,10 @@ static inline void edge_grad(float *restrict out, int64_t n, int64_t off, int64_
 TGL_CLONES static void bwd_range(const job_t *j) {
   const int64_t H = j->H, Cx = j->Cx, dn = j->dn, cx = j->cx;
   float dotag[HMAX], gb[HMAX], am[HMAX];
+  const int64_t td = j->te_part ? j->td : 0, toff = dn + cx - td;  /* time columns of x_e */
+  float *gt = td ? malloc((size_t)(3 * td) * sizeof(float)) : NULL;  /* g x_e's time part, sums */
   rows_t b;
-  if (!rows_alloc(&b, j)) abort();
+  if (!rows_alloc(&b, j) || (td && !gt)) abort();
   for (int64_t d = j->d0; d < j->d1; ++d) {
     const int64_t lo = j->ptr[d], hi = j->ptr[d + 1];
     const float *gad = j->g_aggx + d * H * Cx;
@@ -271,10 +277,29 @@ TGL_CLONES static void bwd_range(const job_t *j) {
       for (int64_t h = 0; h < H; ++h)
         am[h] = j->mask ? j->alpha[e * H + h] * j->mask[e * H + h] : j->alpha[e * H + h];
       if (dn) edge_grad(j->g_xh + e * dn, dn, 0, H, Cx, j->tmp + e * H, am, qd, gad);
-      if (cx) edge_grad(j->g_X + e * cx, cx, dn, H, Cx, j->tmp + e * H, am, qd, gad);
+      if (cx && j->g_X) edge_grad(j->g_X + e * cx, cx, dn, H, Cx, j->tmp + e * H, am, qd, gad);
+      if (td) {   /* the time encoding's backward on this edge's row, summed per destination */
+        float *restrict gx = gt, *restrict aw = gt + td, *restrict ab = gt + 2 * td;
+        const float *restrict si = j->sinz + e * td;
+        const float t = j->dt[e];
+        edge_grad(gx, td, toff, H, Cx, j->tmp + e * H, am, qd, gad);
+        if (e == lo)
+          for (int64_t c = 0; c < td; ++c) { aw[c] = 0.f; ab[c] = 0.f; }
+        for (int64_t c = 0; c < td; ++c) {
+          const float gz = -gx[c] * si[c];
+          aw[c] += gz * t;
+          ab[c] += gz;
+        }
+      }
+    }
+    if (td) {
+      float *out = j->te_part + d * 2 * td;
+      if (hi > lo) memcpy(out, gt + td, (size_t)(2 * td) * sizeof(float));
+      else memset(out, 0, (size_t)(2 * td) * sizeof(float));
     }
     if (j->g_qb) for (int64_t h = 0; h < H; ++h) j->g_qb[d * H + h] = gb[h];
   }
+  free(gt);
   rows_free(&b);
 }
 
@@ -332,21 +357,38 @@ void tgl_att_fwd(int64_t D, int64_t H, int64_t dn, int64_t cx, const int64_t *pt
   run(&j, threads, fwd_range);
 }
 
-/* g_xh: scratch [M, dn]; g_hs: [U, dn] output (U rows of hs); tmp: scratch [M, H];
- */
+/* g_X: [M, cx] output, or NULL (no gradient of X). g_xh: scratch [M, dn]; g_hs: [U, dn]
+ * output (U rows of hs); tmp: scratch [M, H].
+ * Time encoding folded in (td > 0; the last td columns of X are cos(dt * w + b)): dt [M],
+ * sinz [M, td] (sin of the same z), te_part: scratch [D, 2 td]; g_tw, g_tb [td] get
+ * sum_e gz[e, c] dt[e] and sum_e gz[e, c] with gz = -(d loss / d X[e, toff + c]) sin z[e, c]:
+ * in float over each destination's edges, in edge order, then in double over the
+ * destinations in order (independent of the number of threads). */
 void tgl_att_bwd(int64_t D, int64_t H, int64_t dn, int64_t cx, int64_t U, const int64_t *ptr,
                 const float *qx, const float *hs, const int64_t *idx, const float *X,
                 const float *mask, int act, float slope, const float *s, const float *alpha,
                 const float *g_aggx, const float *g_asum, float *g_qx, float *g_qb, float *g_X,
-                float *g_xh, float *g_hs, float *tmp, int threads) {
+                float *g_xh, float *g_hs, float *tmp, int64_t td, const float *dt,
+                const float *sinz, float *te_part, float *g_tw, float *g_tb, int threads) {
   job_t j;
   memset(&j, 0, sizeof j);
   j.D = D; j.H = H; j.dn = dn; j.cx = cx; j.Cx = dn + cx; j.U = U; j.ptr = ptr; j.qx = qx;
   j.hs = hs; j.idx = idx; j.X = X; j.mask = mask; j.act = act; j.slope = slope;
   j.s = (float *)s; j.alpha = (float *)alpha; j.g_aggx = g_aggx; j.g_asum = g_asum;
   j.g_qx = g_qx; j.g_qb = g_qb; j.g_X = g_X; j.g_xh = g_xh; j.g_hs = g_hs; j.tmp = tmp;
+  if (td > 0 && td <= cx) { j.td = td; j.dt = dt; j.sinz = sinz; j.te_part = te_part; }
   run(&j, threads, bwd_range);
   if (dn) run(&j, threads, scatter_range);
+  if (j.te_part) {
+    double *acc = calloc((size_t)(2 * td), sizeof(double));
+    if (!acc) abort();
+    for (int64_t d = 0; d < D; ++d) {
+      const float *p = te_part + d * 2 * td;
+      for (int64_t c = 0; c < 2 * td; ++c) acc[c] += (double)p[c];
+    }
+    for (int64_t c = 0; c < td; ++c) { g_tw[c] = (float)acc[c]; g_tb[c] = (float)acc[td + c]; }
+    free(acc);
+  }
 }
 
 /* CSR offsets of edges listed by destination: ptr [D + 1] with the edges of d at

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -33,7 +33,7 @@ from torch import Tensor
 from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
 
 SOURCE = Path(__file__).with_name("_attention.c")
-ABI = 4
+ABI = 5
 MAX_HEADS = 16  # HMAX in _attention.c
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
@@ -43,7 +43,8 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_att_fwd": (None, [_I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _F,
                                _P, _P, _P, _P, _INT]),
         "tgl_att_bwd": (None, [_I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, _F,
-                               _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT]),
+                               _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P,
+                               _P, _INT]),
         "tgl_att_csr": (_INT, [_I64, _I64, _P, _P]),
         "tgl_att_index_add": (_INT, [_I64, _I64, _P, _P, _I64, _P, _I64])})
 
@@ -176,9 +177,18 @@ def segment_forward(lib, threads: int, qx: Tensor, qb: Optional[Tensor], hs: Opt
 def segment_backward(lib, threads: int, qx: Tensor, has_qb: bool, hs: Optional[Tensor],
                      idx: Optional[Tensor], X: Optional[Tensor], ptr: Tensor,
                      mask: Optional[Tensor], slope: Optional[float], s: Tensor, alpha: Tensor,
-                     g_aggx: Optional[Tensor], g_asum: Optional[Tensor]):
+                     g_aggx: Optional[Tensor], g_asum: Optional[Tensor],
+                     time_enc: Optional[Tuple[Tensor, Tensor]] = None):
     """``(g_qx, g_qb or None, g_hs or None, g_X or None)`` from the forward's inputs and
-    ``s, alpha`` and the outputs' gradients (``None``: zero)."""
+    ``s, alpha`` and the outputs' gradients (``None``: zero).
+
+    ``time_enc = (dt [M], sinz [M, td])`` when the last ``td`` columns of ``X`` are a
+    cosine time encoding ``cos(dt w + b)`` (``sinz``: its ``sin(dt w + b)``) and ``X`` is
+    otherwise data: the kernel then folds the encoding's backward into its pass over the
+    edges and returns ``(g_qx, g_qb, g_hs, (g_w [td], g_b [td]))`` instead of ``g_X [M, cx]``
+    (no per-edge gradient rows are written or read again). ``sinz = None``: the encoding
+    wants no gradient, and neither does ``X`` (returns ``None`` in its place).
+    """
     D, H, Cx = qx.shape
     M = s.size(0)
     dn = 0 if hs is None else hs.size(1)
@@ -187,14 +197,23 @@ def segment_backward(lib, threads: int, qx: Tensor, has_qb: bool, hs: Optional[T
     g_asum = None if g_asum is None else g_asum.contiguous()
     g_qx = torch.empty_like(qx)
     g_qb = torch.empty(D, H) if has_qb else None
-    g_X = None if X is None else torch.empty_like(X)
+    g_X = None if X is None or time_enc is not None else torch.empty_like(X)
     g_xh = torch.empty(M, dn) if dn else None
     g_hs = torch.empty_like(hs) if dn else None
     tmp = torch.empty_like(alpha)
     U = 0 if hs is None else hs.size(0)
+    td, dt, sinz, part, g_tw, g_tb = 0, None, None, None, None, None
+    if time_enc is not None and time_enc[1] is not None:
+        dt, sinz = time_enc[0].contiguous(), time_enc[1].contiguous()
+        td = sinz.size(1)
+        if not 0 < td <= cx or sinz.size(0) != M or dt.numel() != M:
+            raise ValueError(f"time_enc: expected dt [{M}] and sinz [{M}, td] with td <= {cx}")
+        part, g_tw, g_tb = torch.empty(D, 2 * td), torch.empty(td), torch.empty(td)
     lib.tgl_att_bwd(D, H, dn, cx, U, ptr.data_ptr(), qx.data_ptr(), _ptr(hs), _ptr(idx), _ptr(X),
                     _ptr(mask), 0 if slope is None else 1, float(slope or 0.0), s.data_ptr(),
                     alpha.data_ptr(), g_aggx.data_ptr(), _ptr(g_asum), g_qx.data_ptr(),
-                    _ptr(g_qb), _ptr(g_X), _ptr(g_xh), _ptr(g_hs), tmp.data_ptr(),
-                    max(1, int(threads)))
+                    _ptr(g_qb), _ptr(g_X), _ptr(g_xh), _ptr(g_hs), tmp.data_ptr(), td, _ptr(dt),
+                    _ptr(sinz), _ptr(part), _ptr(g_tw), _ptr(g_tb), max(1, int(threads)))
+    if time_enc is not None:
+        return g_qx, g_qb, g_hs, (None if sinz is None else (g_tw, g_tb))
     return g_qx, g_qb, g_hs, g_X

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from tgl_dist.nn._attention_kernel import index_add_rows, segment_backward, segment_forward
-from tgl_dist.nn._pointwise import time_encoding_backward, time_encoding_forward
+from tgl_dist.nn._pointwise import time_encoding_forward
 
 
 def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
@@ -95,7 +95,7 @@ class AttentionLayer(torch.autograd.Function):
                                    kernels, te_w, te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w,
                                    ln_b, ln_eps, keep_sin)
         ctx.save_for_backward(*saved)
-        ctx.H, ctx.kernels, ctx.de = num_head, kernels, 0 if f is None else f.size(1)
+        ctx.H, ctx.kernels = num_head, kernels
         return z
 
     @staticmethod
@@ -104,8 +104,7 @@ class AttentionLayer(torch.autograd.Function):
          agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w,
          ln_b) = ctx.saved_tensors
         need = ctx.needs_input_grad
-        att, pw = ctx.kernels
-        H, de = ctx.H, ctx.de
+        att, H = ctx.kernels[0], ctx.H
         D, d, dn = q.size(0), q.size(1), h.size(1)
         c, dtd = d // H, te_w.numel()
         # LayerNorm, ReLU and dropout
@@ -132,8 +131,10 @@ class AttentionLayer(torch.autograd.Function):
             torch.mm(gv[:, j * c:(j + 1) * c], w_v[j], out=g_agg[:, j])
         torch.bmm(asum.t().unsqueeze(1), gvh.transpose(0, 1), out=g_bkv[d:].view(H, 1, c))
         g_asum = (gvh * b_v).sum(2)
-        g_qk, g_qb, g_h, g_x = segment_backward(att, att.threads(), qk, True, h, idx, x, ptr,
-                                                att_mask, 0.2, s, alpha, g_agg, g_asum)
+        # (the time encoding's backward runs inside the kernel's pass over the edges)
+        g_qk, g_qb, g_h, g_te = segment_backward(att, att.threads(), qk, True, h, idx, x, ptr,
+                                                 att_mask, 0.2, s, alpha, g_agg, g_asum,
+                                                 time_enc=(dt, sinz))
         # qk_j = W_k,j^T q_j, qb_j = q_j . b_k,j
         g_q = torch.empty(D, d)
         qh = q.view(D, H, c)
@@ -150,10 +151,10 @@ class AttentionLayer(torch.autograd.Function):
         torch.outer(g_bq, c0, out=g_wq[:, dn:])
         g_hdst.addmm_(g_q, w_qh)
         index_add_rows(g_h, dst_rows, g_hdst)
-        # time encoding: the edges' rows and phi(0)
+        # time encoding: the edges' rows (from the kernel) and phi(0)
         g_tew = g_teb = None
-        if sinz is not None:
-            _, g_tew, g_teb = time_encoding_backward(pw, g_x, de, dt, te_w.view(-1), sinz, False)
+        if g_te is not None:
+            g_tew, g_teb = g_te
             g_teb.addcmul_(torch.sin(te_b), w_qt.t().mv(g_bq), value=-1.0)
             g_tew = g_tew.view_as(te_w)
         return (g_h, None, None, None, None, None, None, None, None, None, g_tew, g_teb,
