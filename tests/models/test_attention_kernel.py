@@ -316,3 +316,67 @@ def test_tgn_attention_matches_its_formula():
     for kernel, padded in ((True, True), (False, True), (False, False)):
         layer.use_kernel, layer.padded = kernel, padded
         assert torch.allclose(layer(b, h)[0], want, atol=1e-5), (kernel, padded)
+
+
+@needs_kernel
+def test_csr_from_dst_matches_bincount_and_rejects_bad_input():
+    from tgl_dist.nn._attention_kernel import csr_from_dst
+    g = torch.Generator().manual_seed(0)
+    for D in (1, 5, 40):
+        deg = torch.randint(0, 4, (D,), generator=g)
+        dst = torch.arange(D).repeat_interleave(deg)
+        want = torch.zeros(D + 1, dtype=torch.long)
+        want[1:] = torch.cumsum(deg, 0)
+        assert torch.equal(csr_from_dst(dst, D), want)
+    assert torch.equal(csr_from_dst(torch.zeros(0, dtype=torch.long), 3), torch.zeros(4).long())
+    assert csr_from_dst(torch.tensor([0, 2, 1]), 3) is None            # not grouped
+    with pytest.raises(IndexError, match="0..2"):
+        csr_from_dst(torch.tensor([0, 3]), 3)
+    with pytest.raises(IndexError):
+        csr_from_dst(torch.tensor([-1, 0]), 3)
+
+
+@needs_kernel
+def test_index_add_rows_equals_torch_index_add_bit_for_bit():
+    from tgl_dist.nn._attention_kernel import index_add_rows
+    g = torch.Generator().manual_seed(1)
+    out = torch.randn(7, 5, generator=g)
+    idx = torch.tensor([3, 0, 3, 6, 3])
+    wide = torch.randn(5, 9, generator=g)
+    src = wide[:, 2:7]                                   # rows 9 floats apart
+    assert torch.equal(index_add_rows(out.clone(), idx, src), out.clone().index_add_(0, idx, src))
+    before = out.clone()
+    with pytest.raises(IndexError, match="0..6"):
+        index_add_rows(out, torch.tensor([0, 7, 1, 1, 1]), src)
+    assert torch.equal(out, before)                      # nothing written
+    # other dtypes and layouts go to torch's index_add_
+    o64 = out.double()
+    assert torch.equal(index_add_rows(o64.clone(), idx, src.double()),
+                       o64.clone().index_add_(0, idx, src.double()))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dn,cx,td", [(5, 4, 4), (5, 6, 4), (0, 4, 3)])
+def test_backward_with_the_time_encoding_folded_in(dn, cx, td):
+    """``time_enc=(dt, sinz)``: the kernel returns the encoding's w and b gradients, those of
+    sin-weighted rows of the unfolded ``g_X`` (its last ``td`` columns), and the same g_qx,
+    g_qb and g_hs."""
+    from tgl_dist.nn._attention_kernel import segment_backward, segment_forward
+    qx, qb, hs, idx, X, ptr, mask = _case(3, dn=dn, cx=cx, with_mask=True)
+    g = torch.Generator().manual_seed(4)
+    M = int(ptr[-1])
+    dt, sinz = torch.rand(M, generator=g) * 50, torch.rand(M, td, generator=g) * 2 - 1
+    aggx, asum, s, alpha = segment_forward(LIB, 2, qx, qb, hs, idx, X, ptr, mask, 0.2)
+    g_aggx, g_asum = torch.randn(aggx.shape, generator=g), torch.randn(asum.shape, generator=g)
+    args = (LIB, 2, qx, True, hs, idx, X, ptr, mask, 0.2, s, alpha, g_aggx, g_asum)
+    full = segment_backward(*args)
+    folded = segment_backward(*args, time_enc=(dt, sinz))
+    for a, b in zip(full[:3], folded[:3]):
+        assert (a is None and b is None) or torch.equal(a, b)
+    gz = -full[3][:, cx - td:].double() * sinz.double()
+    g_w, g_b = folded[3]
+    assert torch.allclose(g_w.double(), (gz * dt.double().unsqueeze(1)).sum(0), atol=1e-4)
+    assert torch.allclose(g_b.double(), gz.sum(0), atol=1e-5)
+    assert segment_backward(*args, time_enc=(dt, None))[3] is None   # no gradient wanted
+    with pytest.raises(ValueError, match="time_enc"):
+        segment_backward(*args, time_enc=(dt, sinz[:, :1].expand(M, cx + 1).contiguous()))
