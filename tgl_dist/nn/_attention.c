@@ -250,6 +250,7 @@ TGL_CLONES static void bwd_range(const job_t *j) {
     const float *qd = j->qx + d * H * Cx;
     float *gq = j->g_qx + d * H * Cx;
     for (int64_t h = 0; h < H; ++h) { dotag[h] = 0.f; gb[h] = 0.f; }
+    for (int64_t c = 0; c < 2 * td; ++c) gt[td + c] = 0.f;   /* this destination's te sums */
     /* d loss / d alpha (into tmp) and the softmax's sum_e alpha * that, per head */
     for (int64_t e = lo; e < hi; ++e)
       for (int64_t h = 0; h < H; ++h) {
@@ -283,8 +284,6 @@ TGL_CLONES static void bwd_range(const job_t *j) {
         const float *restrict si = j->sinz + e * td;
         const float t = j->dt[e];
         edge_grad(gx, td, toff, H, Cx, j->tmp + e * H, am, qd, gad);
-        if (e == lo)
-          for (int64_t c = 0; c < td; ++c) { aw[c] = 0.f; ab[c] = 0.f; }
         for (int64_t c = 0; c < td; ++c) {
           const float gz = -gx[c] * si[c];
           aw[c] += gz * t;
@@ -292,11 +291,7 @@ TGL_CLONES static void bwd_range(const job_t *j) {
         }
       }
     }
-    if (td) {
-      float *out = j->te_part + d * 2 * td;
-      if (hi > lo) memcpy(out, gt + td, (size_t)(2 * td) * sizeof(float));
-      else memset(out, 0, (size_t)(2 * td) * sizeof(float));
-    }
+    if (td) memcpy(j->te_part + d * 2 * td, gt + td, (size_t)(2 * td) * sizeof(float));
     if (j->g_qb) for (int64_t h = 0; h < H; ++h) j->g_qb[d * H + h] = gb[h];
   }
   free(gt);

@@ -105,7 +105,7 @@ def index_add_rows(out: Tensor, idx: Tensor, src: Tensor) -> Tensor:
     (torch's CPU ``index_add_`` goes through a generic scatter, several times slower on
     TGN's ``[600, 100]`` rows); torch's ``index_add_`` otherwise. Returns ``out``."""
     lib = None
-    if (_cpu_f32(out, src) and out.dim() == 2 and out.is_contiguous() and src.dim() == 2
+    if (kernel_usable(out, src) and out.dim() == 2 and out.is_contiguous() and src.dim() == 2
             and src.stride(1) == 1 and idx.dtype == torch.long and idx.device.type == "cpu"):
         lib = KERNEL.get()
     if lib is None or idx.numel() != src.size(0) or src.size(1) != out.size(1):
@@ -115,10 +115,6 @@ def index_add_rows(out: Tensor, idx: Tensor, src: Tensor) -> Tensor:
                              src.stride(0), out.data_ptr(), out.size(0)) < 0:
         raise IndexError(f"index_add_rows: an index is outside 0..{out.size(0) - 1}")
     return out
-
-
-def _cpu_f32(*ts: Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts)
 
 
 class SegmentAttention(torch.autograd.Function):

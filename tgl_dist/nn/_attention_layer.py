@@ -95,7 +95,7 @@ class AttentionLayer(torch.autograd.Function):
                                    kernels, te_w, te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w,
                                    ln_b, ln_eps, keep_sin)
         ctx.save_for_backward(*saved)
-        ctx.H, ctx.kernels = num_head, kernels
+        ctx.H, ctx.att = num_head, kernels[0]   # the backward needs no pointwise kernel
         return z
 
     @staticmethod
@@ -104,7 +104,7 @@ class AttentionLayer(torch.autograd.Function):
          agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w,
          ln_b) = ctx.saved_tensors
         need = ctx.needs_input_grad
-        att, H = ctx.kernels[0], ctx.H
+        att, H = ctx.att, ctx.H
         D, d, dn = q.size(0), q.size(1), h.size(1)
         c, dtd = d // H, te_w.numel()
         # LayerNorm, ReLU and dropout
