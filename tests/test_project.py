@@ -25,3 +25,17 @@ def test_ci_runs_the_readme_test_command_verbatim():
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert _start_here_commands()[1] in ci, "the README's test command must be a line of .ci/run"
 
+
+
+def test_every_kernel_source_is_package_data():
+    """``pip install .`` (not ``-e``) ships only the package data pyproject names: a C
+    kernel left out is never built in a user's install, and its layer silently runs the
+    slow torch path."""
+    import fnmatch
+    import tomllib
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    globs = data["tool"]["setuptools"]["package-data"]
+    for src in sorted((REPO / "tgl_dist").rglob("*.c")):
+        package = ".".join(src.parent.relative_to(REPO).parts)
+        assert any(fnmatch.fnmatch(src.name, g) for g in globs.get(package, [])), (
+            f"{src.relative_to(REPO)} is not in [tool.setuptools.package-data] {package!r}")
