@@ -245,10 +245,16 @@ class GRUCell(torch.autograd.Function):
             if g_h is not None:
                 g_h.addmm_(g_all, w_hh)
             g_wih = g_whh = g_bih = g_bhh = None
-            if need[3] or need[4]:
-                g_own = g_all.t().mm(h)                                 # [4H, H]
-                g_wih = torch.cat([g_own[:3 * H], g_gi.t().mm(x)], 1) if need[3] else None
-                g_whh = torch.cat([g_own[:2 * H], g_own[3 * H:]]) if need[4] else None
+            if need[3] or need[4]:   # products straight into the gradients' blocks
+                g_ih_h = torch.empty(3 * H, H + x.size(1)) if need[3] else torch.empty(3 * H, H)
+                torch.mm(g_gi.t(), h, out=g_ih_h[:, :H])                # rows rz | n of W_ih^h
+                if need[3]:
+                    g_wih = g_ih_h
+                    torch.mm(g_gi.t(), x, out=g_wih[:, H:])
+                if need[4]:   # W_hh: rz shares W_ih^h's gradient, n is its own
+                    g_whh = torch.empty(3 * H, H)
+                    g_whh[:2 * H] = g_ih_h[:2 * H, :H]
+                    torch.mm(g_all[:, 3 * H:].t(), h, out=g_whh[2 * H:])
             if need[5] or need[6]:
                 g_b = g_all.sum(0)
                 g_bih = g_b[:3 * H] if need[5] else None
