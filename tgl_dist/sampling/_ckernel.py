@@ -318,16 +318,17 @@ def build_cached(cc: Sequence[str], source: Path = SOURCE, flags: Sequence[str] 
 
 
 def load_openmp(source: Path, load: Callable[[Path], ctypes.CDLL],
-                libs: Sequence[str] = ()) -> ctypes.CDLL:
+                libs: Sequence[str] = (), flags: Sequence[str] = ()) -> ctypes.CDLL:
     """Build ``source`` with OpenMP (``-fopenmp``; without it when the compiler has none)
-    and open it with ``load``. The library gets two attributes: ``openmp`` (built with
-    it) and ``threads()``, the worker count to pass to its calls (:func:`openmp_threads`)."""
+    and ``flags`` beyond the model kernels' own, and open it with ``load``. The library
+    gets two attributes: ``openmp`` (built with it) and ``threads()``, the worker count to
+    pass to its calls (:func:`openmp_threads`)."""
     cc = require_compiler()
     try:
-        path, openmp = build_cached(cc, source, OPENMP_FLAGS, libs), True
+        path, openmp = build_cached(cc, source, (*OPENMP_FLAGS, *flags), libs), True
     except RuntimeError as e:
         log.debug("building %s without OpenMP: %s", source.name, e)
-        path, openmp = build_cached(cc, source, MODEL_FLAGS, libs), False
+        path, openmp = build_cached(cc, source, (*MODEL_FLAGS, *flags), libs), False
     lib = load(path)
     lib.openmp, lib.threads = openmp, openmp_threads(lib, openmp)
     return lib
@@ -429,6 +430,8 @@ class LazyKernel:
             return self.value
 
     def get(self) -> Any:
+        if self.value is not None and not _disabled():   # built: no lock (hot path)
+            return self.value
         try:
             return self.load()
         except RuntimeError as e:
