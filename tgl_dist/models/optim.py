@@ -1,7 +1,8 @@
 """``build_optimizer``: one optimizer object for a model's dense parameters and its sharded tables.
 
 Dense parameters (updaters, attention, predictor, snapshot GNN weights) are replicated on
-every rank and trained data-parallel with ``torch.optim.Adam``. Sharded tables
+every rank and trained data-parallel with Adam (:class:`tgl_dist.optim.Adam`:
+``torch.optim.Adam``, stepped by one compiled pass on the CPU). Sharded tables
 (:class:`tgl_dist.nn.DistEmbedding`, each rank holding its own rows) are trained with a
 sparse optimizer from :mod:`tgl_dist.optim` that touches only the rows a step used.
 :class:`TrainOptimizer` drives both with the usual ``zero_grad()`` / ``step()`` calls, so
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from tgl_dist.nn.dist_embedding import DistEmbedding
+from tgl_dist.optim import Adam, SparseAdagrad, SparseAdam
 
 
 def sharded_modules(modules: Union[nn.Module, Sequence[nn.Module]]) -> List[DistEmbedding]:
@@ -99,14 +101,10 @@ def _sparse_settings(tables: List[DistEmbedding], lr: float, sparse_lr: Optional
 
 
 def _dense_adam(params: List[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Adam:
-    """``torch.optim.Adam`` with the fused kernel (one pass per tensor: on CPU 5x faster than
-    ``foreach``, which loops over tensors there, for a TGN's ~20 small tensors) where the
-    parameters allow it (floating point, on CPU or CUDA), else the ``foreach`` form. Both
-    compute Adam; they differ in the last bits of floating-point rounding."""
-    fusable = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    if fusable:
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True)
-    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=True)
+    """:class:`tgl_dist.optim.Adam`: ``torch.optim.Adam`` with the fused kernel where the
+    parameters allow it (floating point, on CPU or CUDA; on CPU float32 stepped by one
+    compiled pass over all tensors, the same bits), else the ``foreach`` form."""
+    return Adam(params, lr=lr, weight_decay=weight_decay)
 
 
 def build_optimizer(modules: Union[nn.Module, Sequence[nn.Module]], lr: float,
@@ -137,7 +135,6 @@ def build_optimizer(modules: Union[nn.Module, Sequence[nn.Module]], lr: float,
     tables = sharded_modules(mods)
     sparse = None
     if tables:
-        from tgl_dist.optim import SparseAdagrad, SparseAdam
         name, table_lr = _sparse_settings(tables, lr, sparse_lr, sparse_optimizer)
         sparse = (SparseAdam if name == "adam" else SparseAdagrad)(tables, lr=table_lr)
     return TrainOptimizer(dense, sparse)
