@@ -134,17 +134,15 @@ class Adam(torch.optim.Adam):
         hit = self._plans.get(i)
         if hit is not None and hit[0] == key:
             return hit[1]
-        if not all(p.is_cpu and p.dtype is torch.float32 and p.is_contiguous() for p in ps):
-            return None
-        states = [self._state_of(p) for p in ps]
-        if not all(s["exp_avg"].is_contiguous() and s["exp_avg_sq"].is_contiguous()
-                   and s["exp_avg"].dtype is torch.float32 and s["step"].dtype is torch.float32
-                   and s["exp_avg_sq"].dtype is torch.float32 for s in states):
-            return None
-        plan = (len(ps), (ctypes.c_int64 * len(ps))(*[p.numel() for p in ps]), _pointers(ps),
-                _pointers([s["exp_avg"] for s in states]),
-                _pointers([s["exp_avg_sq"] for s in states]),
-                _pointers([s["step"] for s in states]))
+        plan = None   # remembered too: a group on a GPU is not re-examined every step
+        if all(p.is_cpu and p.dtype is torch.float32 and p.is_contiguous() for p in ps):
+            states = [self._state_of(p) for p in ps]
+            if all(s[k].is_contiguous() and s[k].dtype is torch.float32 for s in states
+                   for k in ("exp_avg", "exp_avg_sq", "step")):
+                plan = (len(ps), (ctypes.c_int64 * len(ps))(*[p.numel() for p in ps]),
+                        _pointers(ps), _pointers([s["exp_avg"] for s in states]),
+                        _pointers([s["exp_avg_sq"] for s in states]),
+                        _pointers([s["step"] for s in states]))
         self._plans[i] = (key, plan)
         return plan
 
