@@ -33,8 +33,7 @@
 /* on x86-64 Linux with GCC, the per-destination passes get an AVX2 clone beside the
  * generic one, picked at load time (no -march: the library runs on any x86-64). An AVX-512F
  * clone was measured no faster here. -std=c99 keeps products and sums separate (no FMA
- * contraction), so both clones compute the same bits (an x86-64-v3 clone with fused
- * multiply-adds made the passes 2-5 % faster, not worth clones that differ in the last bit). */
+ * contraction), so both clones compute the same bits. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx2", "default")))
 #else
@@ -66,185 +65,90 @@ typedef struct {
   int64_t d0, d1, u0, u1;
 } job_t;
 
+/* dot product in a fixed order: 32 independent partial sums (four 8-float vectors with
+ * GCC / clang, so the additions' latency overlaps), then 8 at a time, then one by one */
+static inline float dot(const float *a, const float *b, int64_t n) {
+  int64_t i = 0;
+  float r = 0.f;
+#if defined(__GNUC__)
+  v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+  for (; i + 32 <= n; i += 32) {
+    s0 += ld8(a + i) * ld8(b + i);
+    s1 += ld8(a + i + 8) * ld8(b + i + 8);
+    s2 += ld8(a + i + 16) * ld8(b + i + 16);
+    s3 += ld8(a + i + 24) * ld8(b + i + 24);
+  }
+  for (; i + 8 <= n; i += 8) s0 += ld8(a + i) * ld8(b + i);
+  const v8 t = (s0 + s1) + (s2 + s3);
+  r = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+#endif
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
 static inline void axpy(float *y, float a, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-/* The per-destination passes. A destination's edges are few (the sampler's fanout) and all
- * of them read the destination's per-head rows (qx, and g_aggx backward), so the passes take
- * an edge input segment's columns in blocks of 8 (GCC / clang vectors) and keep those rows'
- * blocks, and the partial sums, in registers: heads two at a time, edges four at a time for
- * the scores. Every sum runs in a fixed order (edges in CSR order, columns blocked as
- * written), so the results do not depend on the number of threads. Where a destination's
- * head count is odd the last pass takes one head (its partner's terms are zeros). */
-#if defined(__GNUC__)
-#define TGL_INLINE static inline __attribute__((always_inline))
-static inline float hsum8(v8 t) {
-  return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+/* the two segments of edge e's input row */
+static inline float rdot(const job_t *j, const float *q, int64_t e) {
+  float r = j->cx ? dot(q + j->dn, j->X + e * j->cx, j->cx) : 0.f;
+  if (j->dn) r += dot(q, j->hs + j->idx[e] * j->dn, j->dn);
+  return r;
 }
-static const v8 ZERO8 = {0};
-#else
-#define TGL_INLINE static inline
-#endif
+/* wsum: out[c] = sum over i = 0..K-1, in order, of wv[i] * rows[i][c], c < n. Columns go
+ * in blocks held in registers, so each output element is written once (no
+ * read-modify-write per edge); per element the arithmetic is that of adding the edges
+ * one by one (no fused multiply-add: -std=c99 keeps products and sums separate). */
+#if defined(__GNUC__)
 
-/* out[i * H + h0 + k] += sum over c < n of q[(h0 + k) * Cx + c] * rows[i][c], for i < NE
- * edges and the hb (1 or 2) heads from h0: one segment's part of the scores (forward, q the
- * query rows) or of d loss / d w (backward, q the rows of g_aggx) */
-TGL_INLINE void seg_dots(float *restrict out, const int NE, int64_t H, int64_t h0, int hb,
-                         const float *restrict q, int64_t Cx, const float *const *rows,
-                         int64_t n) {
-  const float *q0 = q + h0 * Cx, *q1 = q0 + (hb == 2 ? Cx : 0);
-  const float s1 = hb == 2 ? 1.f : 0.f;
+static inline void wsum(float *restrict out, int64_t n, int64_t K, const float *restrict wv,
+                        const float *const *restrict rows) {
   int64_t c = 0;
-  float r[4][2];
-#if defined(__GNUC__)
-  v8 a[4][2];
-  for (int i = 0; i < NE; ++i) a[i][0] = a[i][1] = ZERO8;
+  for (; c + 32 <= n; c += 32) {
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t i = 0; i < K; ++i) {
+      const float w = wv[i], *r = rows[i] + c;
+      a0 += w * ld8(r); a1 += w * ld8(r + 8); a2 += w * ld8(r + 16); a3 += w * ld8(r + 24);
+    }
+    st8(out + c, a0); st8(out + c + 8, a1); st8(out + c + 16, a2); st8(out + c + 24, a3);
+  }
   for (; c + 8 <= n; c += 8) {
-    const v8 x0 = ld8(q0 + c), x1 = s1 * ld8(q1 + c);
-    for (int i = 0; i < NE; ++i) {
-      const v8 x = ld8(rows[i] + c);
-      a[i][0] += x0 * x;
-      a[i][1] += x1 * x;
-    }
+    v8 a0 = {0};
+    for (int64_t i = 0; i < K; ++i) a0 += wv[i] * ld8(rows[i] + c);
+    st8(out + c, a0);
   }
-  for (int i = 0; i < NE; ++i) { r[i][0] = hsum8(a[i][0]); r[i][1] = hsum8(a[i][1]); }
+  for (; c < n; ++c) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < K; ++i) acc += wv[i] * rows[i][c];
+    out[c] = acc;
+  }
+}
 #else
-  for (int i = 0; i < NE; ++i) r[i][0] = r[i][1] = 0.f;
+static inline void wsum(float *restrict out, int64_t n, int64_t K, const float *restrict wv,
+                        const float *const *restrict rows) {
+  for (int64_t c = 0; c < n; ++c) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < K; ++i) acc += wv[i] * rows[i][c];
+    out[c] = acc;
+  }
+}
 #endif
-  for (; c < n; ++c)
-    for (int i = 0; i < NE; ++i) {
-      r[i][0] += q0[c] * rows[i][c];
-      r[i][1] += s1 * q1[c] * rows[i][c];
-    }
-  for (int i = 0; i < NE; ++i) {
-    out[i * H + h0] += r[i][0];
-    if (hb == 2) out[i * H + h0 + 1] += r[i][1];
-  }
-}
 
-/* out[i * H + h] = sum over both segments of q[h] . x_e (e = lo + i) for the K edges of one
- * destination: (dn, hs rows pn) and (cx, X rows px) */
-TGL_INLINE void edge_dots(float *restrict out, int64_t K, int64_t H, const float *q, int64_t Cx,
-                      int64_t dn, int64_t cx, const float *const *pn, const float *const *px) {
-  for (int64_t i = 0; i < K * H; ++i) out[i] = 0.f;
-  for (int64_t h0 = 0; h0 < H; h0 += 2) {
-    const int hb = H - h0 >= 2 ? 2 : 1;
-    int64_t i = 0;
-    for (; i + 4 <= K; i += 4) {
-      if (dn) seg_dots(out + i * H, 4, H, h0, hb, q, Cx, pn + i, dn);
-      if (cx) seg_dots(out + i * H, 4, H, h0, hb, q + dn, Cx, px + i, cx);
-    }
-    for (; i < K; ++i) {
-      if (dn) seg_dots(out + i * H, 1, H, h0, hb, q, Cx, pn + i, dn);
-      if (cx) seg_dots(out + i * H, 1, H, h0, hb, q + dn, Cx, px + i, cx);
-    }
-  }
-}
+/* per-thread scratch for one destination's edges: weights and both segments' row
+ * pointers (sized for the largest in-degree of the thread's range) */
+typedef struct { float *wv; const float **pn, **px; } rows_t;
 
-/* out[h * Cx + c] = sum over edges i < K, in order, of w[i * H + h] rows[i][c] (c < n), for
- * every head h: one segment's part of aggx (forward) or of g_qx (backward) */
-TGL_INLINE void seg_wsum(float *restrict out, int64_t H, int64_t Cx, int64_t K,
-                     const float *restrict w, const float *const *rows, int64_t n) {
-  for (int64_t h0 = 0; h0 < H; h0 += 2) {
-    const int two = H - h0 >= 2;
-    float *o0 = out + h0 * Cx, *o1 = o0 + Cx;
-    int64_t c = 0;
-#if defined(__GNUC__)
-    for (; c + 16 <= n; c += 16) {
-      v8 a0 = ZERO8, a1 = ZERO8, b0 = ZERO8, b1 = ZERO8;
-      for (int64_t i = 0; i < K; ++i) {
-        const float w0 = w[i * H + h0], w1 = two ? w[i * H + h0 + 1] : 0.f;
-        const v8 x0 = ld8(rows[i] + c), x1 = ld8(rows[i] + c + 8);
-        a0 += w0 * x0; a1 += w0 * x1;
-        b0 += w1 * x0; b1 += w1 * x1;
-      }
-      st8(o0 + c, a0); st8(o0 + c + 8, a1);
-      if (two) { st8(o1 + c, b0); st8(o1 + c + 8, b1); }
-    }
-    for (; c + 8 <= n; c += 8) {
-      v8 a0 = ZERO8, b0 = ZERO8;
-      for (int64_t i = 0; i < K; ++i) {
-        const v8 x0 = ld8(rows[i] + c);
-        a0 += w[i * H + h0] * x0;
-        b0 += (two ? w[i * H + h0 + 1] : 0.f) * x0;
-      }
-      st8(o0 + c, a0);
-      if (two) st8(o1 + c, b0);
-    }
-#endif
-    for (; c < n; ++c) {
-      float a0 = 0.f, b0 = 0.f;
-      for (int64_t i = 0; i < K; ++i) {
-        a0 += w[i * H + h0] * rows[i][c];
-        b0 += (two ? w[i * H + h0 + 1] : 0.f) * rows[i][c];
-      }
-      o0[c] = a0;
-      if (two) o1[c] = b0;
-    }
-  }
-}
-
-/* One segment's input-row gradients, for every edge i < K of a destination:
- *   gx[i][c] = sum over heads h, in order, of g[i, h] q[h, c] + am[i, h] ga[h, c]
- * (q, ga: the destination's qx and g_aggx rows at the segment's columns, head stride Cx),
- * written to gx[i] + c (gx NULL: not wanted). c < n. */
-TGL_INLINE void seg_edge_grad(float *const *gx, int64_t H, int64_t Cx, int64_t K,
-                          const float *restrict g, const float *restrict am,
-                          const float *restrict q, const float *restrict ga, int64_t n) {
-  if (!gx) return;
-  for (int64_t h0 = 0; h0 < H; h0 += 2) {
-    const int two = H - h0 >= 2, first = h0 == 0;
-    const float *q0 = q + h0 * Cx, *q1 = two ? q0 + Cx : q0;
-    const float *a0 = ga + h0 * Cx, *a1 = two ? a0 + Cx : a0;
-    int64_t c = 0;
-#if defined(__GNUC__)
-    for (; c + 8 <= n; c += 8) {
-      const v8 vq0 = ld8(q0 + c), va0 = ld8(a0 + c);
-      const v8 vq1 = two ? ld8(q1 + c) : ZERO8, va1 = two ? ld8(a1 + c) : ZERO8;
-      for (int64_t i = 0; i < K; ++i) {
-        const float *gi = g + i * H + h0, *mi = am + i * H + h0;
-        v8 v = gi[0] * vq0 + mi[0] * va0;
-        if (two) v += gi[1] * vq1 + mi[1] * va1;
-        if (!first) v += ld8(gx[i] + c);
-        st8(gx[i] + c, v);
-      }
-    }
-#endif
-    for (; c < n; ++c)
-      for (int64_t i = 0; i < K; ++i) {
-        const float *gi = g + i * H + h0, *mi = am + i * H + h0;
-        float v = gi[0] * q0[c] + mi[0] * a0[c];
-        if (two) v += gi[1] * q1[c] + mi[1] * a1[c];
-        gx[i][c] = first ? v : gx[i][c] + v;
-      }
-  }
-}
-
-/* per-thread scratch for one destination's edges (sized for the largest in-degree of the
- * thread's range): per edge and head weights w and am, the segments' row pointers, and
- * backward the gradient rows' pointers and the time part's gradient rows */
-typedef struct { float *w, *am, *gt; const float **pn, **px; float **gn, **gxp, **gtp; } rows_t;
-
-static int rows_alloc(rows_t *b, const job_t *j, int64_t td) {
+static int rows_alloc(rows_t *b, const job_t *j) {
   int64_t K = 1;
   for (int64_t d = j->d0; d < j->d1; ++d)
     if (j->ptr[d + 1] - j->ptr[d] > K) K = j->ptr[d + 1] - j->ptr[d];
-  memset(b, 0, sizeof *b);
-  b->w = malloc((size_t)(K * j->H) * sizeof(float));
-  b->am = malloc((size_t)(K * j->H) * sizeof(float));
-  b->gt = malloc((size_t)(K * (td > 0 ? td : 1)) * sizeof(float));
+  b->wv = malloc((size_t)K * sizeof(float));
   b->pn = malloc((size_t)K * sizeof(float *));
   b->px = malloc((size_t)K * sizeof(float *));
-  b->gn = malloc((size_t)K * sizeof(float *));
-  b->gxp = malloc((size_t)K * sizeof(float *));
-  b->gtp = malloc((size_t)K * sizeof(float *));
-  return b->w && b->am && b->gt && b->pn && b->px && b->gn && b->gxp && b->gtp;
+  return b->wv && b->pn && b->px;
 }
-static void rows_free(rows_t *b) {
-  free(b->w); free(b->am); free(b->gt); free((void *)b->pn); free((void *)b->px);
-  free(b->gn); free(b->gxp); free(b->gtp);
-}
+static void rows_free(rows_t *b) { free(b->wv); free((void *)b->pn); free((void *)b->px); }
 
 static inline void rows_set(rows_t *b, const job_t *j, int64_t lo, int64_t hi) {
   for (int64_t e = lo; e < hi; ++e) {
@@ -253,120 +157,144 @@ static inline void rows_set(rows_t *b, const job_t *j, int64_t lo, int64_t hi) {
   }
 }
 
+/* out (one head's [Cx] row) = sum_e wv[e - lo] x_e over both segments */
+static inline void row_wsum(const job_t *j, const rows_t *b, float *out, int64_t K) {
+  if (j->dn) wsum(out, j->dn, K, b->wv, b->pn);
+  if (j->cx) wsum(out + j->dn, j->cx, K, b->wv, b->px);
+}
+
+/* Per destination: the scores edge by edge (heads inner: an edge's row is read once and
+ * reused by every head from L1), then the weighted sums in column blocks (row_wsum). */
 #define HMAX 16
-/* Per destination: the scores (edge_dots), the softmax, then the weighted sums over both
- * segments (seg_wsum). */
 TGL_CLONES static void fwd_range(const job_t *j) {
-  const int64_t H = j->H, Cx = j->Cx, dn = j->dn, cx = j->cx;
+  const int64_t H = j->H, Cx = j->Cx;
   float mx[HMAX], sum[HMAX], as[HMAX];
   rows_t b;
-  if (!rows_alloc(&b, j, 0)) abort();
+  if (!rows_alloc(&b, j)) abort();
   for (int64_t d = j->d0; d < j->d1; ++d) {
-    const int64_t lo = j->ptr[d], hi = j->ptr[d + 1], K = hi - lo;
+    const int64_t lo = j->ptr[d], hi = j->ptr[d + 1];
     const float *qd = j->qx + d * H * Cx;
-    float *agg = j->aggx + d * H * Cx, *sc = j->s + lo * H, *al = j->alpha + lo * H;
-    rows_set(&b, j, lo, hi);
-    edge_dots(sc, K, H, qd, Cx, dn, cx, b.pn, b.px);
+    float *agg = j->aggx + d * H * Cx;
     for (int64_t h = 0; h < H; ++h) { mx[h] = -INFINITY; sum[h] = 0.f; as[h] = 0.f; }
-    for (int64_t i = 0; i < K; ++i)
+    for (int64_t e = lo; e < hi; ++e) {
       for (int64_t h = 0; h < H; ++h) {
-        const float s = sc[i * H + h] + (j->qb ? j->qb[d * H + h] : 0.f);
-        sc[i * H + h] = s;
-        const float z = (j->act && s < 0.f) ? j->slope * s : s;
-        al[i * H + h] = z;
+        const float sc = rdot(j, qd + h * Cx, e) + (j->qb ? j->qb[d * H + h] : 0.f);
+        j->s[e * H + h] = sc;
+        const float z = (j->act && sc < 0.f) ? j->slope * sc : sc;
+        j->alpha[e * H + h] = z;
         if (z > mx[h]) mx[h] = z;
       }
-    for (int64_t i = 0; i < K; ++i)
+    }
+    for (int64_t e = lo; e < hi; ++e)
       for (int64_t h = 0; h < H; ++h) {
-        const float a = expf(al[i * H + h] - mx[h]);
-        al[i * H + h] = a;
+        const float a = expf(j->alpha[e * H + h] - mx[h]);
+        j->alpha[e * H + h] = a;
         sum[h] += a;
       }
-    for (int64_t h = 0; h < H; ++h) sum[h] = 1.f / sum[h];  /* only used when K > 0 */
-    for (int64_t i = 0; i < K; ++i)
+    for (int64_t h = 0; h < H; ++h) sum[h] = 1.f / sum[h];  /* only used when hi > lo */
+    for (int64_t e = lo; e < hi; ++e) {
       for (int64_t h = 0; h < H; ++h) {
-        const float a = al[i * H + h] * sum[h];
-        const float w = j->mask ? a * j->mask[(lo + i) * H + h] : a;
-        al[i * H + h] = a;
-        b.w[i * H + h] = w;
-        as[h] += w;
+        const float a = j->alpha[e * H + h] * sum[h];
+        j->alpha[e * H + h] = a;
+        as[h] += j->mask ? a * j->mask[e * H + h] : a;
       }
-    if (dn) seg_wsum(agg, H, Cx, K, b.w, b.pn, dn);
-    if (cx) seg_wsum(agg + dn, H, Cx, K, b.w, b.px, cx);
-    for (int64_t h = 0; h < H; ++h) j->asum[d * H + h] = as[h];
+    }
+    rows_set(&b, j, lo, hi);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t e = lo; e < hi; ++e)
+        b.wv[e - lo] = j->mask ? j->alpha[e * H + h] * j->mask[e * H + h] : j->alpha[e * H + h];
+      row_wsum(j, &b, agg + h * Cx, hi - lo);
+      j->asum[d * H + h] = as[h];
+    }
   }
   rows_free(&b);
 }
 
-/* Per destination: d loss / d w (edge_dots on g_aggx), the softmax's and LeakyReLU's
- * backward, then per segment g_qx (seg_wsum with the score gradients) and the edges'
- * input-row gradients (seg_edge_grad): the node part into g_xh, the own part into g_X,
- * or with the time encoding folded in, its columns into scratch rows whose te sums follow. */
+/* one edge's input-row gradient over one segment (columns off .. off+n-1 of the row):
+ * out[c] = sum over heads h, in order, of g[h] qd[h, off+c] + am[h] gad[h, off+c] */
+static inline void edge_grad(float *restrict out, int64_t n, int64_t off, int64_t H,
+                             int64_t Cx, const float *g, const float *am, const float *qd,
+                             const float *gad) {
+  int64_t c = 0;
+#if defined(__GNUC__)
+  for (; c + 16 <= n; c += 16) {
+    v8 a0 = {0}, a1 = {0};
+    for (int64_t h = 0; h < H; ++h) {
+      const float *q = qd + h * Cx + off + c, *ga = gad + h * Cx + off + c;
+      a0 += g[h] * ld8(q); a1 += g[h] * ld8(q + 8);
+      a0 += am[h] * ld8(ga); a1 += am[h] * ld8(ga + 8);
+    }
+    st8(out + c, a0); st8(out + c + 8, a1);
+  }
+#endif
+  for (; c < n; ++c) {
+    float acc = 0.f;
+    for (int64_t h = 0; h < H; ++h) {
+      acc += g[h] * qd[h * Cx + off + c];
+      acc += am[h] * gad[h * Cx + off + c];
+    }
+    out[c] = acc;
+  }
+}
+
 TGL_CLONES static void bwd_range(const job_t *j) {
   const int64_t H = j->H, Cx = j->Cx, dn = j->dn, cx = j->cx;
-  float dotag[HMAX], gb[HMAX];
-  const int64_t td = j->te_part ? j->td : 0, tx = cx - td;  /* X's time columns: tx .. cx-1 */
-  float *sums = td ? malloc((size_t)(2 * td) * sizeof(float)) : NULL;
+  float dotag[HMAX], gb[HMAX], am[HMAX];
+  const int64_t td = j->te_part ? j->td : 0, toff = dn + cx - td;  /* time columns of x_e */
+  float *gt = td ? malloc((size_t)(3 * td) * sizeof(float)) : NULL;  /* g x_e's time part, sums */
   rows_t b;
-  if (!rows_alloc(&b, j, td) || (td && !sums)) abort();
+  if (!rows_alloc(&b, j) || (td && !gt)) abort();
   for (int64_t d = j->d0; d < j->d1; ++d) {
-    const int64_t lo = j->ptr[d], hi = j->ptr[d + 1], K = hi - lo;
+    const int64_t lo = j->ptr[d], hi = j->ptr[d + 1];
     const float *gad = j->g_aggx + d * H * Cx;
     const float *qd = j->qx + d * H * Cx;
-    float *gq = j->g_qx + d * H * Cx, *g = j->tmp + lo * H;
-    const float *al = j->alpha + lo * H;
-    rows_set(&b, j, lo, hi);
-    /* d loss / d alpha (into tmp) and the softmax's sum_e alpha * that, per head */
-    edge_dots(g, K, H, gad, Cx, dn, cx, b.pn, b.px);
+    float *gq = j->g_qx + d * H * Cx;
     for (int64_t h = 0; h < H; ++h) { dotag[h] = 0.f; gb[h] = 0.f; }
-    for (int64_t i = 0; i < K; ++i)
+    for (int64_t c = 0; c < 2 * td; ++c) gt[td + c] = 0.f;   /* this destination's te sums */
+    /* d loss / d alpha (into tmp) and the softmax's sum_e alpha * that, per head */
+    for (int64_t e = lo; e < hi; ++e)
       for (int64_t h = 0; h < H; ++h) {
-        const float m = j->mask ? j->mask[(lo + i) * H + h] : 1.f;
-        const float ga = (g[i * H + h] + (j->g_asum ? j->g_asum[d * H + h] : 0.f)) * m;
-        g[i * H + h] = ga;
-        dotag[h] += al[i * H + h] * ga;
-        b.am[i * H + h] = al[i * H + h] * m;
+        const float a = j->alpha[e * H + h];
+        const float m = j->mask ? j->mask[e * H + h] : 1.f;
+        const float gw = rdot(j, gad + h * Cx, e) + (j->g_asum ? j->g_asum[d * H + h] : 0.f);
+        const float ga = gw * m;
+        j->tmp[e * H + h] = ga;
+        dotag[h] += a * ga;
       }
     /* d loss / d score (into tmp, replacing d loss / d alpha) */
-    for (int64_t i = 0; i < K; ++i)
+    for (int64_t e = lo; e < hi; ++e)
       for (int64_t h = 0; h < H; ++h) {
-        float gs = al[i * H + h] * (g[i * H + h] - dotag[h]);          /* softmax backward */
-        if (j->act && j->s[(lo + i) * H + h] < 0.f) gs *= j->slope;  /* LeakyReLU backward */
-        g[i * H + h] = gs;
-        gb[h] += gs;
+        float g = j->alpha[e * H + h] * (j->tmp[e * H + h] - dotag[h]);  /* softmax backward */
+        if (j->act && j->s[e * H + h] < 0.f) g *= j->slope;             /* LeakyReLU backward */
+        j->tmp[e * H + h] = g;
+        gb[h] += g;
       }
-    if (dn) {   /* g_qx over the node part; its rows' gradients into g_xh */
-      for (int64_t i = 0; i < K; ++i) b.gn[i] = j->g_xh + (lo + i) * dn;
-      seg_wsum(gq, H, Cx, K, g, b.pn, dn);
-      seg_edge_grad(b.gn, H, Cx, K, g, b.am, qd, gad, dn);
+    rows_set(&b, j, lo, hi);
+    for (int64_t h = 0; h < H; ++h) {                 /* g_qx[d, h] = sum_e g[e, h] x_e */
+      for (int64_t e = lo; e < hi; ++e) b.wv[e - lo] = j->tmp[e * H + h];
+      row_wsum(j, &b, gq + h * Cx, hi - lo);
     }
-    if (cx) {
-      seg_wsum(gq + dn, H, Cx, K, g, b.px, cx);
-      if (td) {   /* only the time columns want a gradient: into scratch rows */
-        for (int64_t i = 0; i < K; ++i) b.gtp[i] = b.gt + i * td;
-        seg_edge_grad(b.gtp, H, Cx, K, g, b.am, qd + dn + tx, gad + dn + tx, td);
-      } else if (j->g_X) {
-        for (int64_t i = 0; i < K; ++i) b.gxp[i] = j->g_X + (lo + i) * cx;
-        seg_edge_grad(b.gxp, H, Cx, K, g, b.am, qd + dn, gad + dn, cx);
-      }
-    }
-    if (td) {   /* the time encoding's backward on the edges' rows, summed over them in order */
-      float *restrict aw = sums, *restrict ab = sums + td;
-      for (int64_t c = 0; c < 2 * td; ++c) sums[c] = 0.f;
-      for (int64_t i = 0; i < K; ++i) {
-        const float *restrict gx = b.gt + i * td, *restrict si = j->sinz + (lo + i) * td;
-        const float t = j->dt[lo + i];
+    for (int64_t e = lo; e < hi; ++e) {               /* g x_e, from the scores and aggx */
+      for (int64_t h = 0; h < H; ++h)
+        am[h] = j->mask ? j->alpha[e * H + h] * j->mask[e * H + h] : j->alpha[e * H + h];
+      if (dn) edge_grad(j->g_xh + e * dn, dn, 0, H, Cx, j->tmp + e * H, am, qd, gad);
+      if (cx && j->g_X) edge_grad(j->g_X + e * cx, cx, dn, H, Cx, j->tmp + e * H, am, qd, gad);
+      if (td) {   /* the time encoding's backward on this edge's row, summed per destination */
+        float *restrict gx = gt, *restrict aw = gt + td, *restrict ab = gt + 2 * td;
+        const float *restrict si = j->sinz + e * td;
+        const float t = j->dt[e];
+        edge_grad(gx, td, toff, H, Cx, j->tmp + e * H, am, qd, gad);
         for (int64_t c = 0; c < td; ++c) {
           const float gz = -gx[c] * si[c];
           aw[c] += gz * t;
           ab[c] += gz;
         }
       }
-      memcpy(j->te_part + d * 2 * td, sums, (size_t)(2 * td) * sizeof(float));
     }
+    if (td) memcpy(j->te_part + d * 2 * td, gt + td, (size_t)(2 * td) * sizeof(float));
     if (j->g_qb) for (int64_t h = 0; h < H; ++h) j->g_qb[d * H + h] = gb[h];
   }
-  free(sums);
+  free(gt);
   rows_free(&b);
 }
 
