@@ -37,6 +37,11 @@ module's ``f``; e.g. ::
         --swap tgl_dist.nn.time_encoding:cosine_time_encoding \
         --swap tgl_dist.memory.mailbox:SharedMailBox.update
 
+A compiled kernel is compared the same way by swapping its module's ``KERNEL``: the
+module loaded from ``REV`` builds ``REV``'s C source, and the callers look ``KERNEL`` up at
+call time (``--swap tgl_dist.nn._attention_kernel:KERNEL``, ``tgl_dist.nn._pointwise:KERNEL``).
+A kernel faster alone need not make a step faster (``benchmarks/RESULTS.md`` run 24).
+
 ``--profile`` adds the torch profiler's table of operators (self CPU time). Each mode's
 line also gives the process's minor page faults per step (memory the allocator had
 returned to the kernel and gets back zeroed; see ``keep_freed_memory`` in
