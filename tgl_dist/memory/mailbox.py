@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from tgl_dist.dist import PartitionBook, Plan, fetch_rows, world
+from tgl_dist.memory import _writeback
 from tgl_dist.memory.dedup import latest_per_key, mean_per_key
 from tgl_dist.nn.unique import unique_first
 from tgl_dist.sampling.block import Block, Roots
@@ -524,7 +525,25 @@ class SharedMailBox:
         ``mail_combine='last'``): the memory and the mail of a node come from the same
         occurrence (same ids, same times, same tie rule in :meth:`get_update_memory` and
         :meth:`get_update_mail`), so the latest occurrence of each node is found once and
-        only its mail is built; one exchange carries both (none in a world of one)."""
+        only its mail is built; one exchange carries both (none in a world of one, where
+        the compiled write-back, :mod:`tgl_dist.memory._writeback`, does it all in one
+        call on the CPU: the same values)."""
+        other_rows = embedding if use_dst_emb else memory
+        feats = self._edge_feats(edge_feats) if self.dim_edge_feat else None
+        if self.world_size == 1 and _writeback.usable(self, memory, other_rows, feats):
+            lib = _writeback.KERNEL.get()
+            if lib is not None:
+                pos = torch.stack([src_pos, dst_pos], 1).view(-1)
+                other = torch.stack([dst_pos, src_pos], 1).view(-1)
+                _writeback.update_last(lib, self, self._local(nodes.index_select(0, pos)), pos,
+                                       other, t, memory, other_rows, feats)
+                return
+        self._update_last_torch(memory, nodes, t, eids, src_pos, dst_pos, feats, other_rows)
+
+    def _update_last_torch(self, memory: Tensor, nodes: Tensor, t: Tensor, eids: Tensor,
+                           src_pos: Tensor, dst_pos: Tensor, feats: Optional[Tensor],
+                           other_rows: Tensor) -> None:
+        """:meth:`_update_last` with torch's operators (any device; several ranks)."""
         with torch.no_grad():
             pos = torch.stack([src_pos, dst_pos], 1).view(-1)      # u_1, v_1, u_2, v_2, ...
             other = torch.stack([dst_pos, src_pos], 1).view(-1)
@@ -533,10 +552,9 @@ class SharedMailBox:
             mine, other = pos.index_select(0, sel), other.index_select(0, sel)
             idx, mts = nodes.index_select(0, mine), ts.index_select(0, sel)
             mem = memory.detach().index_select(0, mine)
-            parts = [mem, (embedding if use_dst_emb else memory).detach().index_select(0, other)]
-            if self.dim_edge_feat:   # event of occurrence j: j // 2
-                parts.append(self._edge_feats(edge_feats).index_select(
-                    0, torch.div(sel, 2, rounding_mode="floor")))
+            parts = [mem, other_rows.detach().index_select(0, other)]
+            if feats is not None:   # event of occurrence j: j // 2
+                parts.append(feats.index_select(0, torch.div(sel, 2, rounding_mode="floor")))
             mail = torch.cat(parts, 1)
         if self.world_size == 1:
             self._write(self._local(idx), mem, mts, mail, mts, None, "max", distinct=True)
