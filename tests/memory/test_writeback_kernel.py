@@ -43,7 +43,8 @@ def test_kernel_writes_the_bits_of_the_torch_path(K, time_delta, d_e, dyrep, str
         roots, mem, emb, ef = _step(g, step, B, d_e, D_MEM if dyrep else 0, strided)
         src, dst = torch.arange(B), torch.arange(B, 2 * B)
         a.update(mem, roots, src, dst, ef, emb, dyrep)                 # the kernel
-        b._update_last_torch(mem, roots.nodes, roots.t, roots.eids, src, dst,
+        b._update_last_torch(mem, roots.nodes, roots.t, roots.eids,
+                             torch.stack([src, dst], 1).view(-1), torch.stack([dst, src], 1).view(-1),
                              None if ef is None else ef.float(), emb if dyrep else mem)
         for k in STATE:
             assert torch.equal(getattr(a, k), getattr(b, k)), (step, k)

@@ -41,14 +41,12 @@ KERNEL = LazyKernel("write-back kernel", _make,
 
 
 def usable(mailbox, *tensors: Optional[Tensor]) -> bool:
-    """Whether :func:`update_last` applies: the mailbox's state and the given tensors on
-    the CPU in the kernel's dtypes (float32 rows, float64 times)."""
+    """Whether :func:`update_last` applies: the mailbox's rows and the given tensors are
+    float32 on the CPU (its times are float64 and its next-slot pointers int64, all
+    contiguous, as :class:`SharedMailBox` creates and loads them; the rows take torch's
+    default dtype)."""
     f32 = [mailbox.memory, mailbox.mailbox, *[t for t in tensors if t is not None]]
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in f32)
-            and mailbox.memory_ts.dtype == torch.float64 and mailbox.mail_ts.dtype == torch.float64
-            and mailbox.next_mail_pos.dtype == torch.long and mailbox.memory.is_contiguous()
-            and mailbox.mailbox.is_contiguous() and mailbox.memory_ts.is_contiguous()
-            and mailbox.mail_ts.is_contiguous() and mailbox.next_mail_pos.is_contiguous())
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in f32)
 
 
 def _rows(x: Tensor) -> Tensor:

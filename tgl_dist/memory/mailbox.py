@@ -530,23 +530,22 @@ class SharedMailBox:
         call on the CPU: the same values)."""
         other_rows = embedding if use_dst_emb else memory
         feats = self._edge_feats(edge_feats) if self.dim_edge_feat else None
+        pos = torch.stack([src_pos, dst_pos], 1).view(-1)          # u_1, v_1, u_2, v_2, ...
+        other = torch.stack([dst_pos, src_pos], 1).view(-1)
         if self.world_size == 1 and _writeback.usable(self, memory, other_rows, feats):
             lib = _writeback.KERNEL.get()
             if lib is not None:
-                pos = torch.stack([src_pos, dst_pos], 1).view(-1)
-                other = torch.stack([dst_pos, src_pos], 1).view(-1)
                 _writeback.update_last(lib, self, self._local(nodes.index_select(0, pos)), pos,
                                        other, t, memory, other_rows, feats)
                 return
-        self._update_last_torch(memory, nodes, t, eids, src_pos, dst_pos, feats, other_rows)
+        self._update_last_torch(memory, nodes, t, eids, pos, other, feats, other_rows)
 
     def _update_last_torch(self, memory: Tensor, nodes: Tensor, t: Tensor, eids: Tensor,
-                           src_pos: Tensor, dst_pos: Tensor, feats: Optional[Tensor],
+                           pos: Tensor, other: Tensor, feats: Optional[Tensor],
                            other_rows: Tensor) -> None:
-        """:meth:`_update_last` with torch's operators (any device; several ranks)."""
+        """:meth:`_update_last` with torch's operators (any device; several ranks), given
+        each occurrence's root row ``pos`` and its other endpoint's ``other`` ``[2B]``."""
         with torch.no_grad():
-            pos = torch.stack([src_pos, dst_pos], 1).view(-1)      # u_1, v_1, u_2, v_2, ...
-            other = torch.stack([dst_pos, src_pos], 1).view(-1)
             ts = t.to(torch.float64).repeat_interleave(2)
             sel = latest_per_key(nodes.index_select(0, pos), ts)
             mine, other = pos.index_select(0, sel), other.index_select(0, sel)
