@@ -380,3 +380,48 @@ def test_backward_with_the_time_encoding_folded_in(dn, cx, td):
     assert segment_backward(*args, time_enc=(dt, None))[3] is None   # no gradient wanted
     with pytest.raises(ValueError, match="time_enc"):
         segment_backward(*args, time_enc=(dt, sinz[:, :1].expand(M, cx + 1).contiguous()))
+
+
+@needs_kernel
+def test_whole_layer_calls_find_torchs_blas():
+    """The compiled whole-layer calls run their products through the sgemm_ torch's own
+    matrix products call; where libtorch_cpu exports it (the PyPI wheels) they are on."""
+    from tgl_dist.nn._attention_kernel import _torch_sgemm
+    if _torch_sgemm() is None:
+        pytest.skip("this torch build exports no sgemm_: the layer runs its torch form")
+    assert LIB.layer_ready and LIB.tgl_att_gemm_check() == 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("dim_edge,num_head,dropout,train_time", [
+    (0, 2, 0.0, True), (3, 2, 0.3, True), (0, 1, 0.3, False), (3, 4, 0.0, False)])
+def test_whole_layer_call_equals_the_layer_in_torch_ops(monkeypatch, dim_edge, num_head,
+                                                         dropout, train_time):
+    """tgl_att_layer_fwd / _bwd (one compiled call each way) against the same autograd
+    node running its torch operators around the kernel: outputs and the gradients of
+    the node rows and of every parameter (the time encoding's frozen or not), with and
+    without both dropouts, a destination without edges included."""
+    torch.manual_seed(0)
+    layer = TemporalAttention(8, dim_edge, 4, 8, num_head=num_head, dropout=dropout,
+                              att_dropout=dropout).train()
+    layer.time_enc.w.weight.requires_grad_(train_time)
+    layer.time_enc.w.bias.requires_grad_(train_time)
+    _, mfgs, _ = make_batch(6, 30, [4], dim_edge=dim_edge, seed=2)
+    b = mfgs[0]
+    rows = torch.randint(0, 7, (b.num_src,))
+    h = torch.randn(7, 8, requires_grad=True)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    res = []
+    for whole in (True, False):
+        monkeypatch.setattr(LIB, "layer_ready", whole)
+        torch.manual_seed(11)
+        out = layer(b, h, rows)
+        assert type(out.grad_fn).__name__ == "AttentionLayerBackward"
+        res.append((out, torch.autograd.grad((out ** 3).sum(), [h] + params)))
+        with torch.no_grad():   # evaluation runs the same forward
+            torch.manual_seed(11)
+            assert torch.allclose(layer(b, h, rows), out, atol=1e-6)
+    (o1, g1), (o2, g2) = res
+    assert torch.allclose(o1, o2, atol=1e-5)
+    for a, e in zip(g1, g2):
+        assert torch.allclose(a, e, atol=1e-4, rtol=1e-4), float((a - e).abs().max())

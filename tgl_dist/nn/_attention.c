@@ -40,7 +40,7 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 5; }
+int64_t tgl_att_abi(void) { return 6; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -410,5 +410,295 @@ int tgl_att_index_add(int64_t n, int64_t d, const int64_t *idx, const float *src
   for (int64_t i = 0; i < n; ++i)
     if (idx[i] < 0 || idx[i] >= rows) return -1;
   for (int64_t i = 0; i < n; ++i) axpy(out + idx[i] * d, 1.f, src + i * ld, d);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------
+ * The whole temporal attention layer (tgl_dist.nn._attention_layer.AttentionLayer) in one
+ * call each way: the products through the BLAS torch itself calls (its sgemm_, set once
+ * with tgl_att_set_sgemm), the per-edge passes above, and the small row operations
+ * (LayerNorm, ReLU, dropout multipliers, bias sums) as plain loops. The same arithmetic
+ * as the layer's torch form (docs/models.md); the sums of the small operations run in
+ * their own fixed order (results differ from torch's operators in the last bits).
+ *
+ * Shapes: D destinations, M edges (CSR by destination: ptr [D + 1]), U rows of h [U, dn],
+ * H heads, d outputs (c = d / H per head), X [M, cx] the edges' own input rows
+ * [f || phi(dt)] (phi: the last dtd columns), C = dn + cx; the query's input is
+ * [h_dst || phi(0)] with phi(0) = c0 [dtd]. Parameters: W_q [d, dn + dtd], b_q [d],
+ * W_kv [2d, C], b_kv [2d], W_o [d, d + dn], b_o [d], LayerNorm ln_w, ln_b [d].
+ * ------------------------------------------------------------------------------------ */
+typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                         const float *, const float *, const int *, const float *, const int *,
+                         const float *, float *, const int *);
+static sgemm_fn SGEMM = NULL;
+
+/* fn: the BLAS's Fortran sgemm_ (32-bit integers), or NULL to turn the layer calls off */
+int tgl_att_set_sgemm(void *fn) { SGEMM = (sgemm_fn)fn; return SGEMM != NULL; }
+
+/* row-major C [m, n] = op(A) op(B) + beta C, op(A) [m, k], op(B) [k, n]; ta = 0: A is
+ * stored [m, k] (row stride lda), ta = 1: A is stored [k, m] (op = transpose); same for B.
+ * A row-major matrix is the column-major transpose, so this is the column-major
+ * C^T = op(B)^T op(A)^T: the call torch's own row-major products make. */
+static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
+    return;
+  }
+  const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
+  const int M = (int)n, N = (int)m, K = (int)k, la = (int)ldb, lb = (int)lda, lc = (int)ldc;
+  const float one = 1.f;
+  SGEMM(&cb, &ca, &M, &N, &K, &one, B, &la, A, &lb, &beta, C, &lc);
+}
+
+/* rows [n, w] (row stride ld) = the vector v [w] on every row */
+static void fill_rows(float *out, int64_t n, int64_t w, int64_t ld, const float *v) {
+  for (int64_t i = 0; i < n; ++i) memcpy(out + i * ld, v, (size_t)w * sizeof(float));
+}
+
+/* out[t] = sum over rows i (in order) of a[i * lda + t] (w columns), float */
+static void col_sums(float *restrict out, const float *restrict a, int64_t n, int64_t w,
+                     int64_t lda) {
+  for (int64_t t = 0; t < w; ++t) out[t] = 0.f;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t t = 0; t < w; ++t) out[t] += a[i * lda + t];
+}
+
+/* 1 when gemm computes what it should with the sgemm set (a 2 x 3 by 3 x 2 product in all
+ * four transpose combinations), else 0: checked once when the library is loaded */
+int tgl_att_gemm_check(void) {
+  if (!SGEMM) return 0;
+  const float a[6] = {1, 2, 3, 4, 5, 6}, at[6] = {1, 4, 2, 5, 3, 6};      /* A [2, 3], A^T */
+  const float b[6] = {7, 8, 9, 10, 11, 12}, bt[6] = {7, 9, 11, 8, 10, 12}; /* B [3, 2], B^T */
+  const float want[4] = {58, 64, 139, 154};
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      float out[4] = {1, 1, 1, 1};
+      gemm(ta, tb, 2, 2, 3, ta ? at : a, ta ? 2 : 3, tb ? bt : b, tb ? 3 : 2, 0.f, out, 2);
+      for (int i = 0; i < 4; ++i)
+        if (out[i] != want[i]) return 0;
+    }
+  return 1;
+}
+
+/* workers for a row loop over n elements: one below ~32k (as the pointwise kernel) */
+static int row_workers(int threads, int64_t n) { return n < 32768 || threads < 1 ? 1 : threads; }
+
+static inline float sum_f(const float *a, int64_t n) {   /* fixed order, as dot() */
+  int64_t i = 0;
+  float r = 0.f;
+#if defined(__GNUC__)
+  v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+  for (; i + 32 <= n; i += 32) {
+    s0 += ld8(a + i); s1 += ld8(a + i + 8); s2 += ld8(a + i + 16); s3 += ld8(a + i + 24);
+  }
+  for (; i + 8 <= n; i += 8) s0 += ld8(a + i);
+  const v8 t = (s0 + s1) + (s2 + s3);
+  r = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+#endif
+  for (; i < n; ++i) r += a[i];
+  return r;
+}
+
+/* one row of r = ReLU(o * mask) (in place) and z = LayerNorm(r): mean, then the mean of
+ * the squared deviations (biased), rstd = 1 / sqrt(var + eps) */
+TGL_CLONES static void ln_fwd_row(float *restrict r, float *restrict z, const float *mask,
+                                  int64_t d, const float *ln_w, const float *ln_b, float eps,
+                                  float *mean, float *rstd) {
+  float dev[d > 0 ? d : 1];
+  for (int64_t t = 0; t < d; ++t) {
+    const float v = mask ? r[t] * mask[t] : r[t];
+    r[t] = v > 0.f ? v : 0.f;
+  }
+  const float m = sum_f(r, d) / (float)d;
+  for (int64_t t = 0; t < d; ++t) dev[t] = r[t] - m;
+  const float var = dot(dev, dev, d) / (float)d, rs = 1.f / sqrtf(var + eps);
+  *mean = m; *rstd = rs;
+  for (int64_t t = 0; t < d; ++t) z[t] = dev[t] * rs * ln_w[t] + ln_b[t];
+}
+
+/* one row of go = d loss / d o through the LayerNorm, the ReLU and the dropout mask:
+ * gx = gz w, go = rstd (gx - mean(gx) - xh mean(gx xh)) where r > 0, times the mask */
+TGL_CLONES static void ln_bwd_row(const float *restrict gz, const float *restrict r,
+                                  const float *mask, int64_t d, const float *ln_w, float m,
+                                  float rs, float *restrict go) {
+  float xh[d > 0 ? d : 1], gx[d > 0 ? d : 1];
+  for (int64_t t = 0; t < d; ++t) { xh[t] = (r[t] - m) * rs; gx[t] = gz[t] * ln_w[t]; }
+  const float a = sum_f(gx, d) / (float)d, b = dot(gx, xh, d) / (float)d;
+  for (int64_t t = 0; t < d; ++t) {
+    float g = rs * (gx[t] - a - xh[t] * b);
+    if (!(r[t] > 0.f)) g = 0.f;
+    go[t] = mask ? g * mask[t] : g;
+  }
+}
+
+static int rows_in_range(const int64_t *ix, int64_t n, int64_t rows) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ix[i] < 0 || ix[i] >= rows) return 0;
+  return 1;
+}
+
+/* Forward. Writes z [D, d] and what the backward reads: vh [D, d + dn] = [v || h_dst],
+ * q [D, d], qk [D, H, C], qb [D, H], s, alpha [M, H], agg [D, H, C], asum [D, H],
+ * r [D, d] (the LayerNorm's input), mean, rstd [D]. att_mask [M, H], out_mask [D, d]:
+ * dropout multipliers or NULL. Returns 0, -1 for an index outside its table, -2 without
+ * a BLAS. */
+int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, int64_t cx,
+                      int64_t d, int64_t dtd, const float *h, const int64_t *dst_rows,
+                      const int64_t *idx, const float *X, const int64_t *ptr,
+                      const float *att_mask, const float *out_mask, float slope,
+                      const float *c0, const float *w_q, const float *b_q, const float *w_kv,
+                      const float *b_kv, const float *w_o, const float *b_o,
+                      const float *ln_w, const float *ln_b, float eps, float *vh, float *q,
+                      float *qk, float *qb, float *s, float *alpha, float *agg, float *asum,
+                      float *r, float *mean, float *rstd, float *z, int threads) {
+  if (!SGEMM) return -2;
+  if (!rows_in_range(dst_rows, D, U) || !rows_in_range(idx, M, U)) return -1;
+  const int64_t c = d / H, C = dn + cx, lv = d + dn, lq = dn + dtd;
+  /* [v || h_dst]: the destinations' node rows */
+  for (int64_t i = 0; i < D; ++i)
+    memcpy(vh + i * lv + d, h + dst_rows[i] * dn, (size_t)dn * sizeof(float));
+  /* q = W_q [h_dst || phi(0)] + b_q: the constant part once, then one product */
+  float *qbias = malloc((size_t)d * sizeof(float));
+  if (!qbias) abort();
+  for (int64_t o = 0; o < d; ++o) {
+    float acc = 0.f;
+    for (int64_t t = 0; t < dtd; ++t) acc += w_q[o * lq + dn + t] * c0[t];
+    qbias[o] = b_q[o] + acc;
+  }
+  fill_rows(q, D, d, d, qbias);
+  free(qbias);
+  gemm(0, 1, D, d, dn, vh + d, lv, w_q, lq, 1.f, q, d);
+  /* per head: W_k,h^T q_h [D, C] (into the [D, H, C] layout) and q_h . b_k,h */
+  for (int64_t j = 0; j < H; ++j)
+    gemm(0, 0, D, C, c, q + j * c, d, w_kv + j * c * C, C, 0.f, qk + j * C, H * C);
+  for (int64_t i = 0; i < D; ++i)
+    for (int64_t j = 0; j < H; ++j) qb[i * H + j] = dot(q + i * d + j * c, b_kv + j * c, c);
+  /* the edges: scores, softmax, weighted sums of the input rows */
+  job_t jb;
+  memset(&jb, 0, sizeof jb);
+  jb.D = D; jb.H = H; jb.dn = dn; jb.cx = cx; jb.Cx = C; jb.ptr = ptr; jb.qx = qk; jb.qb = qb;
+  jb.hs = h; jb.idx = idx; jb.X = cx ? X : NULL; jb.mask = att_mask; jb.act = 1;
+  jb.slope = slope; jb.s = s; jb.alpha = alpha; jb.aggx = agg; jb.asum = asum;
+  run(&jb, threads, fwd_range);
+  /* v_h = W_v,h agg_h + b_v,h asum_h, per head into vh's columns */
+  const float *w_v = w_kv + d * C, *b_v = b_kv + d;
+  for (int64_t j = 0; j < H; ++j)
+    gemm(0, 1, D, c, C, agg + j * C, H * C, w_v + j * c * C, C, 0.f, vh + j * c, lv);
+  for (int64_t i = 0; i < D; ++i)
+    for (int64_t j = 0; j < H; ++j) {
+      const float a = asum[i * H + j];
+      float *v = vh + i * lv + j * c;
+      for (int64_t t = 0; t < c; ++t) v[t] += a * b_v[j * c + t];
+    }
+  /* o = W_o [v || h_dst] + b_o; r = ReLU(o * out_mask); z = LayerNorm(r) */
+  fill_rows(r, D, d, d, b_o);
+  gemm(0, 1, D, d, lv, vh, lv, w_o, lv, 1.f, r, d);
+  int64_t i;
+#pragma omp parallel for num_threads(row_workers(threads, D * d)) schedule(static)
+  for (i = 0; i < D; ++i) ln_fwd_row(r + i * d, z + i * d, out_mask ? out_mask + i * d : NULL,
+                                     d, ln_w, ln_b, eps, mean + i, rstd + i);
+  return 0;
+}
+
+/* Backward of tgl_att_layer_fwd from gz [D, d] and its saved tensors. Writes g_h [U, dn],
+ * g_wq, g_bq, g_wkv, g_bkv, g_wo, g_bo, g_lnw, g_lnb (the parameters' shapes) and, when
+ * sinz is not NULL (td = dtd > 0: phi's w and b want a gradient), g_tw, g_tb [dtd].
+ * Scratch: go [D, d], g_vh [D, d + dn], g_agg, g_qk [D, H, C], g_asum, g_qb [D, H],
+ * g_q [D, d], g_xh [M, dn], tmp [M, H], te_part [D, 2 dtd]. Returns 0, or -2 without a BLAS. */
+int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, int64_t cx,
+                      int64_t d, int64_t dtd, const float *gz, const float *h,
+                      const int64_t *dst_rows, const int64_t *idx, const float *X,
+                      const int64_t *ptr, const float *att_mask, const float *out_mask,
+                      float slope, const float *dt, const float *sinz, const float *c0,
+                      const float *te_b, const float *w_q, const float *w_kv,
+                      const float *b_kv, const float *w_o, const float *ln_w,
+                      const float *vh, const float *q, const float *qk, const float *s,
+                      const float *alpha, const float *agg, const float *asum,
+                      const float *r, const float *mean, const float *rstd, float *g_h,
+                      float *g_wq, float *g_bq, float *g_wkv, float *g_bkv, float *g_wo,
+                      float *g_bo, float *g_lnw, float *g_lnb, float *g_tw, float *g_tb,
+                      float *go, float *g_vh, float *g_agg, float *g_qk, float *g_asum,
+                      float *g_qb, float *g_q, float *g_xh, float *tmp, float *te_part,
+                      int threads) {
+  if (!SGEMM) return -2;
+  const int64_t c = d / H, C = dn + cx, lv = d + dn, lq = dn + dtd;
+  /* LayerNorm, ReLU and the output dropout: go = d loss / d o */
+  int64_t i;
+#pragma omp parallel for num_threads(row_workers(threads, D * d)) schedule(static)
+  for (i = 0; i < D; ++i) ln_bwd_row(gz + i * d, r + i * d, out_mask ? out_mask + i * d : NULL,
+                                     d, ln_w, mean[i], rstd[i], go + i * d);
+  for (int64_t t = 0; t < d; ++t) { g_lnw[t] = 0.f; g_lnb[t] = 0.f; }
+  for (i = 0; i < D; ++i) {   /* the LayerNorm's weight and bias: sums over the rows */
+    const float *gi = gz + i * d, *ri = r + i * d, m = mean[i], rs = rstd[i];
+    for (int64_t t = 0; t < d; ++t) { g_lnw[t] += gi[t] * ((ri[t] - m) * rs); g_lnb[t] += gi[t]; }
+  }
+  /* o = W_o [v || h_dst] + b_o */
+  gemm(1, 0, d, lv, D, go, d, vh, lv, 0.f, g_wo, lv);
+  col_sums(g_bo, go, D, d, d);
+  gemm(0, 0, D, lv, d, go, d, w_o, lv, 0.f, g_vh, lv);
+  /* v_h = W_v,h agg_h + b_v,h asum_h */
+  const float *w_v = w_kv + d * C, *b_v = b_kv + d;
+  for (int64_t j = 0; j < H; ++j) {
+    const float *gv = g_vh + j * c;
+    gemm(1, 0, c, C, D, gv, lv, agg + j * C, H * C, 0.f, g_wkv + (d + j * c) * C, C);
+    gemm(0, 0, D, C, c, gv, lv, w_v + j * c * C, C, 0.f, g_agg + j * C, H * C);
+    float *gb = g_bkv + d + j * c;
+    for (int64_t t = 0; t < c; ++t) gb[t] = 0.f;
+    for (int64_t i = 0; i < D; ++i) {
+      const float a = asum[i * H + j], *g = gv + i * lv;
+      for (int64_t t = 0; t < c; ++t) gb[t] += a * g[t];
+      g_asum[i * H + j] = dot(g, b_v + j * c, c);
+    }
+  }
+  /* the edges (with phi's backward folded in when sinz is given) */
+  const int64_t td = sinz ? dtd : 0;
+  job_t jb;
+  memset(&jb, 0, sizeof jb);
+  jb.D = D; jb.H = H; jb.dn = dn; jb.cx = cx; jb.Cx = C; jb.U = U; jb.ptr = ptr; jb.qx = qk;
+  jb.hs = h; jb.idx = idx; jb.X = cx ? X : NULL; jb.mask = att_mask; jb.act = 1;
+  jb.slope = slope; jb.s = (float *)s; jb.alpha = (float *)alpha; jb.g_aggx = g_agg;
+  jb.g_asum = g_asum; jb.g_qx = g_qk; jb.g_qb = g_qb; jb.g_X = NULL; jb.g_xh = g_xh;
+  jb.g_hs = g_h; jb.tmp = tmp;
+  if (td > 0 && td <= cx) { jb.td = td; jb.dt = dt; jb.sinz = sinz; jb.te_part = te_part; }
+  run(&jb, threads, bwd_range);
+  run(&jb, threads, scatter_range);
+  if (jb.te_part) {
+    double *tacc = calloc((size_t)(2 * td), sizeof(double));
+    if (!tacc) abort();
+    for (int64_t i = 0; i < D; ++i)
+      for (int64_t t = 0; t < 2 * td; ++t) tacc[t] += (double)te_part[i * 2 * td + t];
+    for (int64_t t = 0; t < td; ++t) { g_tw[t] = (float)tacc[t]; g_tb[t] = (float)tacc[td + t]; }
+    free(tacc);
+  }
+  /* qk_h = W_k,h^T q_h, qb_h = q_h . b_k,h */
+  for (int64_t j = 0; j < H; ++j) {
+    gemm(0, 1, D, c, C, g_qk + j * C, H * C, w_kv + j * c * C, C, 0.f, g_q + j * c, d);
+    gemm(1, 0, c, C, D, q + j * c, d, g_qk + j * C, H * C, 0.f, g_wkv + j * c * C, C);
+    float *gb = g_bkv + j * c;
+    for (int64_t t = 0; t < c; ++t) gb[t] = 0.f;
+    for (int64_t i = 0; i < D; ++i) {
+      const float a = g_qb[i * H + j], *qi = q + i * d + j * c;
+      float *gq = g_q + i * d + j * c;
+      for (int64_t t = 0; t < c; ++t) { gb[t] += a * qi[t]; gq[t] += a * b_kv[j * c + t]; }
+    }
+  }
+  /* q = W_q [h_dst || phi(0)] + b_q */
+  gemm(1, 0, d, dn, D, g_q, d, vh + d, lv, 0.f, g_wq, lq);
+  col_sums(g_bq, g_q, D, d, d);
+  for (int64_t o = 0; o < d; ++o)
+    for (int64_t t = 0; t < dtd; ++t) g_wq[o * lq + dn + t] = g_bq[o] * c0[t];
+  gemm(0, 0, D, dn, d, g_q, d, w_q, lq, 1.f, g_vh + d, lv);   /* g_hdst += g_q W_q,h */
+  for (int64_t i = 0; i < D; ++i) axpy(g_h + dst_rows[i] * dn, 1.f, g_vh + i * lv + d, dn);
+  /* phi(0) = cos(b) in the query: its part of g_b */
+  if (td) {
+    for (int64_t t = 0; t < dtd; ++t) {
+      float a = 0.f;
+      for (int64_t o = 0; o < d; ++o) a += w_q[o * lq + dn + t] * g_bq[o];
+      g_tb[t] += -(sinf(te_b[t]) * a);
+    }
+  }
   return 0;
 }

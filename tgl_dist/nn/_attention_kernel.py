@@ -24,16 +24,19 @@ with ``w = softmax_e(act(qx . X + qb)) * mask`` per destination and head.
 from __future__ import annotations
 
 import ctypes
+import logging
 from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
+from tgl_dist.sampling._ckernel import LazyKernel, _torch_cpu, load_openmp, open_library
+
+log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("_attention.c")
-ABI = 5
+ABI = 6
 MAX_HEADS = 16  # HMAX in _attention.c
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
@@ -46,11 +49,34 @@ def _load(path: Path) -> ctypes.CDLL:
                                _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P,
                                _P, _INT]),
         "tgl_att_csr": (_INT, [_I64, _I64, _P, _P]),
-        "tgl_att_index_add": (_INT, [_I64, _I64, _P, _P, _I64, _P, _I64])})
+        "tgl_att_index_add": (_INT, [_I64, _I64, _P, _P, _I64, _P, _I64]),
+        "tgl_att_set_sgemm": (_INT, [_P]),
+        "tgl_att_gemm_check": (_INT, []),
+        "tgl_att_layer_fwd": (_INT, [_I64] * 8 + [_P] * 7 + [_F] + [_P] * 9 + [_F]
+                              + [_P] * 12 + [_INT]),
+        "tgl_att_layer_bwd": (_INT, [_I64] * 8 + [_P] * 8 + [_F] + [_P] * 40 + [_INT])})
 
 
 def _make() -> ctypes.CDLL:
-    return load_openmp(SOURCE, _load, ("-lm",))
+    lib = load_openmp(SOURCE, _load, ("-lm",))
+    # the whole-layer calls run their products through torch's own BLAS: on when
+    # libtorch_cpu exports sgemm_ (MKL or OpenBLAS linked in, as in the PyPI wheels) and a
+    # small product checks out; otherwise the layer runs its torch form around the kernel
+    fn = _torch_sgemm()
+    lib.layer_ready = bool(fn and lib.tgl_att_set_sgemm(fn) and lib.tgl_att_gemm_check())
+    if fn and not lib.layer_ready:
+        lib.tgl_att_set_sgemm(None)
+        log.debug("attention kernel: torch's sgemm_ failed the check; layer calls off")
+    return lib
+
+
+def _torch_sgemm() -> Optional[int]:
+    """The address of the ``sgemm_`` torch's CPU matrix products call (exported by
+    ``libtorch_cpu``), or ``None``."""
+    try:
+        return ctypes.cast(_torch_cpu().sgemm_, ctypes.c_void_p).value
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 KERNEL = LazyKernel("attention kernel", _make,

@@ -96,10 +96,13 @@ class AttentionLayer(torch.autograd.Function):
                                    ln_b, ln_eps, keep_sin)
         ctx.save_for_backward(*saved)
         ctx.H, ctx.att = num_head, kernels[0]   # the backward needs no pointwise kernel
+        ctx.whole = saved[18].dim() == 1   # the compiled forward's LayerNorm mean is [D]
         return z
 
     @staticmethod
     def backward(ctx, gz: Tensor):
+        if ctx.whole:
+            return _whole_backward(ctx, gz)
         (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s, alpha,
          agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w,
          ln_b) = ctx.saved_tensors
@@ -175,6 +178,11 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
     H, D, dn = num_head, dst_rows.numel(), h.size(1)
     d, dtd = w_q.size(0), te_w.numel()
     h = h.contiguous()
+    if _whole_layer(att, h, dt, f, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, te_w, te_b,
+                    att_mask, out_mask):
+        return _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw,
+                              te_w, te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps,
+                              keep_sin)
     # [v || h_dst]: the output product's input, one [D, d + dn] matrix
     vh = torch.empty(D, d + dn)
     h_dst = vh[:, d:]
@@ -201,3 +209,91 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
     z, mean, rstd = torch.native_layer_norm(r, [d], ln_w, ln_b, ln_eps)
     return z, (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s,
                alpha, agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b)
+
+
+# ---------------------------------------------------------------------------------------
+# The whole layer in one compiled call each way (tgl_att_layer_fwd / _bwd in _attention.c:
+# the same products through torch's own sgemm_, the per-edge passes, and the small row
+# operations as plain loops instead of ~50 torch operators and their Python)
+
+
+def _whole_layer(att, *tensors: Optional[Tensor]) -> bool:
+    """Whether the compiled whole-layer calls apply: the kernel found torch's BLAS
+    (``layer_ready``) and every tensor is a contiguous float32 CPU one (or ``None``)."""
+    return bool(getattr(att, "layer_ready", False)) and all(
+        t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
+        for t in tensors)
+
+
+def _p(t: Optional[Tensor]):
+    return None if t is None else t.data_ptr()
+
+
+def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw, te_w, te_b,
+                   w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps, keep_sin):
+    """:func:`attention_layer` as one call of ``tgl_att_layer_fwd`` (after the edges' time
+    encoding): ``(out [D, d], saved)`` in the torch form's layout."""
+    D, M, (U, dn) = dst_rows.numel(), idx.numel(), h.shape
+    d, dtd = w_q.size(0), te_w.numel()
+    dst_rows, idx, ptr = dst_rows.contiguous(), idx.contiguous(), ptr.contiguous()
+    x, sinz = time_encoding_forward(pw, dt.contiguous(), te_w.view(-1), te_b, f, keep_sin)
+    cx = x.size(1)
+    C = dn + cx
+    c0 = torch.cos(te_b)
+    e = torch.empty
+    vh, q, qk, qb = e(D, d + dn), e(D, d), e(D, H, C), e(D, H)
+    s, alpha, agg, asum = e(M, H), e(M, H), e(D, H, C), e(D, H)
+    r, mean, rstd, z = e(D, d), e(D), e(D), e(D, d)
+    rc = att.tgl_att_layer_fwd(
+        D, M, U, H, dn, cx, d, dtd, h.data_ptr(), dst_rows.data_ptr(), idx.data_ptr(),
+        x.data_ptr(), ptr.data_ptr(), _p(att_mask), _p(out_mask), 0.2, c0.data_ptr(),
+        w_q.data_ptr(), b_q.data_ptr(), w_kv.data_ptr(), b_kv.data_ptr(), w_o.data_ptr(),
+        b_o.data_ptr(), ln_w.data_ptr(), ln_b.data_ptr(), float(ln_eps), vh.data_ptr(),
+        q.data_ptr(), qk.data_ptr(), qb.data_ptr(), s.data_ptr(), alpha.data_ptr(),
+        agg.data_ptr(), asum.data_ptr(), r.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+        z.data_ptr(), max(1, int(att.threads())))
+    if rc == -1:
+        raise IndexError(f"attention layer: destination or edge rows must lie in 0..{U - 1}")
+    if rc != 0:
+        raise RuntimeError(f"attention layer: the compiled call failed ({rc})")
+    return z, (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s,
+               alpha, agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b)
+
+
+def _whole_backward(ctx, gz: Tensor):
+    """:meth:`AttentionLayer.backward` as one call of ``tgl_att_layer_bwd``."""
+    (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s, alpha, agg,
+     asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b) = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    H, att = ctx.H, ctx.att
+    (D, d), (M, _), (U, dn) = q.shape, s.shape, h.shape
+    cx, dtd = x.size(1), te_w.numel()
+    C = dn + cx
+    e = torch.empty
+    gz = gz.contiguous()
+    g_h, g_wq, g_bq = e(U, dn), torch.empty_like(w_q), e(d)
+    g_wkv, g_bkv = torch.empty_like(w_kv), torch.empty_like(b_kv)
+    g_wo, g_bo, g_lnw, g_lnb = torch.empty_like(w_o), e(d), e(d), e(d)
+    te = sinz is not None
+    g_tw, g_tb, part = (e(dtd), e(dtd), e(D, 2 * dtd)) if te else (None, None, None)
+    go, g_vh, g_agg, g_qk = e(D, d), e(D, d + dn), e(D, H, C), e(D, H, C)
+    g_asum, g_qb, g_q, g_xh, tmp = e(D, H), e(D, H), e(D, d), e(M, dn), e(M, H)
+    rc = att.tgl_att_layer_bwd(
+        D, M, U, H, dn, cx, d, dtd, gz.data_ptr(), h.data_ptr(), dst_rows.data_ptr(),
+        idx.data_ptr(), x.data_ptr(), ptr.data_ptr(), _p(att_mask), _p(out_mask), 0.2,
+        dt.data_ptr(), _p(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
+        w_kv.data_ptr(), b_kv.data_ptr(), w_o.data_ptr(), ln_w.data_ptr(), vh.data_ptr(),
+        q.data_ptr(), qk.data_ptr(), s.data_ptr(), alpha.data_ptr(), agg.data_ptr(),
+        asum.data_ptr(), r.data_ptr(), mean.data_ptr(), rstd.data_ptr(), g_h.data_ptr(),
+        g_wq.data_ptr(), g_bq.data_ptr(), g_wkv.data_ptr(), g_bkv.data_ptr(), g_wo.data_ptr(),
+        g_bo.data_ptr(), g_lnw.data_ptr(), g_lnb.data_ptr(), _p(g_tw), _p(g_tb), go.data_ptr(),
+        g_vh.data_ptr(), g_agg.data_ptr(), g_qk.data_ptr(), g_asum.data_ptr(), g_qb.data_ptr(),
+        g_q.data_ptr(), g_xh.data_ptr(), tmp.data_ptr(), _p(part), max(1, int(att.threads())))
+    if rc != 0:
+        raise RuntimeError(f"attention layer: the compiled backward failed ({rc})")
+    return (g_h if need[0] else None, None, None, None, None, None, None, None, None, None,
+            g_tw.view_as(te_w) if te and need[10] else None, g_tb if te and need[11] else None,
+            g_wq if need[12] else None, g_bq if need[13] else None,
+            g_wkv if need[14] else None, g_bkv if need[15] else None,
+            g_wo if need[16] else None, g_bo if need[17] else None,
+            g_lnw if need[18] else None, g_lnb if need[19] else None, None)
