@@ -386,10 +386,13 @@ def test_backward_with_the_time_encoding_folded_in(dn, cx, td):
 def test_whole_layer_calls_find_torchs_blas():
     """The compiled whole-layer calls run their products through the sgemm_ torch's own
     matrix products call; where libtorch_cpu exports it (the PyPI wheels) they are on."""
-    from tgl_dist.nn._attention_kernel import _torch_sgemm
-    if _torch_sgemm() is None:
+    from tgl_dist.nn._pointwise import KERNEL as POINTWISE
+    from tgl_dist.sampling._ckernel import torch_sgemm
+    if torch_sgemm() is None:
         pytest.skip("this torch build exports no sgemm_: the layer runs its torch form")
     assert LIB.layer_ready and LIB.tgl_att_gemm_check() == 1
+    pw = POINTWISE.get()
+    assert pw is None or (pw.cell_ready and pw.tgl_pw_gemm_check() == 1)   # the GRU cell too
 
 
 @needs_kernel

@@ -306,13 +306,16 @@ def test_time_encoding_with_prefix_is_the_concatenation():
 
 
 @needs_kernel
+@pytest.mark.parametrize("whole", [True, False])
 @pytest.mark.parametrize("own_state", [False, True])
 @pytest.mark.parametrize("grads", [("x1",), ("x0", "x1", "h"), ("h",), ()])
-def test_gru_cell_equals_torch_gru_cell(grads, own_state):
+def test_gru_cell_equals_torch_gru_cell(monkeypatch, grads, own_state, whole):
     """The fused cell (products, gates, written-out backward) against torch.nn.GRUCell on
     the concatenated input, in float64: value and the gradient of every parameter and of
     each input that asks for one (and none for the others). ``own_state``: the input is
-    ``[h || x0 || x1]`` (the products of h merged; h's gradient through both places)."""
+    ``[h || x0 || x1]`` (the products of h merged; h's gradient through both places), one
+    compiled call each way (``whole``) or its products as torch operators."""
+    monkeypatch.setattr(LIB, "cell_ready", whole and LIB.cell_ready)
     g = torch.Generator().manual_seed(4)
     U, F0, F1, H = 300, 20, 7, 16
     cell = torch.nn.GRUCell(F0 + F1 + (H if own_state else 0), H).double()
@@ -347,3 +350,26 @@ def test_gru_cell_without_kernel_is_torch_gru_cell(own_state):
     out = gru_cell(x0, x1, h, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh,
                    own_state=own_state)
     assert torch.allclose(out, cell(torch.cat([h] * own_state + [x0, x1], 1), h))
+
+
+@needs_kernel
+def test_whole_gru_cell_reads_a_strided_mail(monkeypatch):
+    """TGN's updater passes ``x0 = mail[:, H:]`` (rows wider than the slice): the compiled
+    cell reads it in place and matches the cell's torch form, values and gradients."""
+    if not LIB.cell_ready:
+        pytest.skip("torch exports no sgemm_: the cell runs its torch form only")
+    g = torch.Generator().manual_seed(6)
+    U, H, F0, F1 = 50, 8, 8, 5
+    mail = torch.randn(U, H + F0, generator=g)
+    x1 = torch.randn(U, F1, generator=g).requires_grad_()
+    h = mail[:, :H].contiguous()
+    cell = torch.nn.GRUCell(H + F0 + F1, H)
+    res = []
+    for whole in (True, False):
+        monkeypatch.setattr(LIB, "cell_ready", whole)
+        ps = [p.detach().clone().requires_grad_() for p in cell.parameters()]
+        out = gru_cell(mail[:, H:], x1, h, *ps, own_state=True)
+        res.append((out, torch.autograd.grad(out.square().sum(), [x1] + ps)))
+    (o1, g1), (o2, g2) = res
+    assert torch.allclose(o1, o2, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-5) for a, b in zip(g1, g2))

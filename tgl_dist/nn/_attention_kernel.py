@@ -24,16 +24,13 @@ with ``w = softmax_e(act(qx . X + qb)) * mask`` per destination and head.
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import LazyKernel, _torch_cpu, load_openmp, open_library
-
-log = logging.getLogger(__name__)
+from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library, set_blas
 
 SOURCE = Path(__file__).with_name("_attention.c")
 ABI = 6
@@ -59,24 +56,10 @@ def _load(path: Path) -> ctypes.CDLL:
 
 def _make() -> ctypes.CDLL:
     lib = load_openmp(SOURCE, _load, ("-lm",))
-    # the whole-layer calls run their products through torch's own BLAS: on when
-    # libtorch_cpu exports sgemm_ (MKL or OpenBLAS linked in, as in the PyPI wheels) and a
-    # small product checks out; otherwise the layer runs its torch form around the kernel
-    fn = _torch_sgemm()
-    lib.layer_ready = bool(fn and lib.tgl_att_set_sgemm(fn) and lib.tgl_att_gemm_check())
-    if fn and not lib.layer_ready:
-        lib.tgl_att_set_sgemm(None)
-        log.debug("attention kernel: torch's sgemm_ failed the check; layer calls off")
+    # the whole-layer calls run their products through torch's own BLAS (see set_blas);
+    # without it the layer runs its torch form around the kernel
+    lib.layer_ready = set_blas(lib, "tgl_att_set_sgemm", "tgl_att_gemm_check")
     return lib
-
-
-def _torch_sgemm() -> Optional[int]:
-    """The address of the ``sgemm_`` torch's CPU matrix products call (exported by
-    ``libtorch_cpu``), or ``None``."""
-    try:
-        return ctypes.cast(_torch_cpu().sgemm_, ctypes.c_void_p).value
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 KERNEL = LazyKernel("attention kernel", _make,

@@ -31,8 +31,10 @@
  * against ~5-8 ns for torch's CPU bernoulli_.
  */
 #include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
 
-#define TGL_PW_ABI 8
+#define TGL_PW_ABI 9
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -216,13 +218,13 @@ static inline float tanh_f(float x) { return 1.0f - 2.0f / (exp_f(2.0f * x) + 1.
 
 TGL_CLONES
 static void gru_fwd_rows(int64_t i0, int64_t i1, int64_t H, const float *restrict gi,
-                         const float *restrict gh, int64_t ldh, int rz_in_gi,
+                         int64_t ldi, const float *restrict gh, int64_t ldh, int rz_in_gi,
                          const float *restrict h, float *restrict out, float *restrict saved) {
   /* rz_in_gi: gi's r and z parts already hold the hidden-to-hidden terms and a row of gh
    * is only the H-wide n part (row stride ldh) */
   const int64_t bn = rz_in_gi ? 0 : 2 * H;
   for (int64_t i = i0; i < i1; ++i) {
-    const float *a = gi + i * 3 * H, *b = gh + i * ldh, *hi = h + i * H;
+    const float *a = gi + i * ldi, *b = gh + i * ldh, *hi = h + i * H;
     float *o = out + i * H, *sv = saved + i * 3 * H;
     /* short loops, one function each: an iteration of one long loop (sigmoid, then
      * tanh on its result) is a chain of ~40 dependent operations, and successive
@@ -253,7 +255,7 @@ void tgl_gru_fwd(int64_t U, int64_t H, const float *gi, const float *gh, int64_t
   int64_t k;
 #pragma omp parallel for num_threads(workers(threads, U * H * GRU_COST, nb)) schedule(static)
   for (k = 0; k < nb; ++k)
-    gru_fwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, gi, gh, ldh,
+    gru_fwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, gi, 3 * H, gh, ldh,
                  rz_in_gi, h, out, saved);
 }
 
@@ -303,6 +305,136 @@ void tgl_gru_bwd(int64_t U, int64_t H, const float *go, const float *gh, int64_t
   for (k = 0; k < nb; ++k)
     gru_bwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, go, gh, ldh, rz_in_gi,
                  h, saved, g_gi, ldg, g_gh, g_h);
+}
+
+/* ------------------------------------------------------------------------------------
+ * TGN's GRU cell (tgl_dist.nn._pointwise.GRUCell with own_state: the input is
+ * [h || x0 || x1]) as one call each way: its products through the sgemm_ torch's own CPU
+ * products call (set once with tgl_pw_set_sgemm; the same helper as the attention
+ * kernel's), the gate passes above, and the small operations (the input's concatenation,
+ * the summed r/z weights, bias sums) as loops.
+ * ------------------------------------------------------------------------------------ */
+typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                         const float *, const float *, const int *, const float *, const int *,
+                         const float *, float *, const int *);
+static sgemm_fn SGEMM = NULL;
+
+int tgl_pw_set_sgemm(void *fn) { SGEMM = (sgemm_fn)fn; return SGEMM != NULL; }
+
+/* row-major C [m, n] = op(A) op(B) + beta C (ta / tb = 1: A / B stored transposed), as
+ * the column-major C^T = op(B)^T op(A)^T: the call torch's own row-major products make */
+static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
+    return;
+  }
+  const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
+  const int M = (int)n, N = (int)m, K = (int)k, la = (int)ldb, lb = (int)lda, lc = (int)ldc;
+  const float one = 1.f;
+  SGEMM(&cb, &ca, &M, &N, &K, &one, B, &la, A, &lb, &beta, C, &lc);
+}
+
+/* 1 when gemm computes a 2 x 3 by 3 x 2 product right in all four transpose cases */
+int tgl_pw_gemm_check(void) {
+  if (!SGEMM) return 0;
+  const float a[6] = {1, 2, 3, 4, 5, 6}, at[6] = {1, 4, 2, 5, 3, 6};
+  const float b[6] = {7, 8, 9, 10, 11, 12}, bt[6] = {7, 9, 11, 8, 10, 12};
+  const float want[4] = {58, 64, 139, 154};
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      float out[4] = {1, 1, 1, 1};
+      gemm(ta, tb, 2, 2, 3, ta ? at : a, ta ? 2 : 3, tb ? bt : b, tb ? 3 : 2, 0.f, out, 2);
+      for (int i = 0; i < 4; ++i)
+        if (out[i] != want[i]) return 0;
+    }
+  return 1;
+}
+
+/* Forward: x0 [U, F0] (row stride ld0), x1 [U, F1], h [U, H]; W_ih [3H, H + F], W_hh
+ * [3H, H], b_ih, b_hh [3H] (F = F0 + F1). Writes x = [x0 || x1] [U, F], w_own [4H, H]
+ * (rows [W_ih,rz^h + W_hh,rz | W_ih,n^h | W_hh,n]), hh [U, 4H] (h's products; its first
+ * 3H columns end up holding gi, the last H the n part of W_hh h + b_hh), out [U, H] and
+ * saved [U, 3H] (r, z, n). Returns 0, or -2 without a BLAS. */
+int tgl_gru_cell_fwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *x0,
+                     int64_t ld0, const float *x1, const float *h, const float *w_ih,
+                     const float *w_hh, const float *b_ih, const float *b_hh, float *x,
+                     float *w_own, float *hh, float *out, float *saved, int threads) {
+  if (!SGEMM) return -2;
+  const int64_t F = F0 + F1, li = H + F;
+  for (int64_t i = 0; i < U; ++i) {
+    memcpy(x + i * F, x0 + i * ld0, (size_t)F0 * sizeof(float));
+    memcpy(x + i * F + F0, x1 + i * F1, (size_t)F1 * sizeof(float));
+  }
+  float *b_own = malloc((size_t)(4 * H) * sizeof(float));
+  if (!b_own) abort();
+  for (int64_t o = 0; o < 3 * H; ++o) {
+    const float *wi = w_ih + o * li;
+    float *wo = w_own + o * H;
+    if (o < 2 * H) {
+      for (int64_t t = 0; t < H; ++t) wo[t] = wi[t] + w_hh[o * H + t];
+      b_own[o] = b_ih[o] + b_hh[o];
+    } else {
+      memcpy(wo, wi, (size_t)H * sizeof(float));
+      b_own[o] = b_ih[o];
+    }
+  }
+  memcpy(w_own + 3 * H * H, w_hh + 2 * H * H, (size_t)(H * H) * sizeof(float));
+  memcpy(b_own + 3 * H, b_hh + 2 * H, (size_t)H * sizeof(float));
+  for (int64_t i = 0; i < U; ++i) memcpy(hh + i * 4 * H, b_own, (size_t)(4 * H) * sizeof(float));
+  free(b_own);
+  gemm(0, 1, U, 4 * H, H, h, H, w_own, H, 1.f, hh, 4 * H);        /* [rz | i_n | h_n] of h */
+  gemm(0, 1, U, 3 * H, F, x, F, w_ih + H, li, 1.f, hh, 4 * H);    /* + the input's: gi */
+  const int64_t nb = nblocks(U);
+  int64_t k;
+#pragma omp parallel for num_threads(workers(threads, U * H * GRU_COST, nb)) schedule(static)
+  for (k = 0; k < nb; ++k)
+    gru_fwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, hh, 4 * H, hh + 3 * H,
+                 4 * H, 1, h, out, saved);
+  return 0;
+}
+
+/* Backward from go [U, H] and the forward's x, h, hh, saved, W_ih, w_own. Writes (each
+ * when not NULL) g_h [U, H], g_x0 [U, F0], g_x1 [U, F1], g_wih [3H, H + F], g_whh
+ * [3H, H], g_bih, g_bhh [3H]; g_all: scratch [U, 4H]. Returns 0, or -2 without a BLAS. */
+int tgl_gru_cell_bwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *go,
+                     const float *x, const float *h, const float *hh, const float *saved,
+                     const float *w_ih, const float *w_own, float *g_h, float *g_x0,
+                     float *g_x1, float *g_wih, float *g_whh, float *g_bih, float *g_bhh,
+                     float *g_all, int threads) {
+  if (!SGEMM) return -2;
+  const int64_t F = F0 + F1, li = H + F, l4 = 4 * H;
+  tgl_gru_bwd(U, H, go, hh + 3 * H, l4, 1, h, saved, g_all, NULL, g_h, threads);
+  if (g_h) gemm(0, 0, U, H, l4, g_all, l4, w_own, H, 1.f, g_h, H);
+  if (g_wih || g_whh) {   /* dW_ih^h [3H, H] (r and z rows shared with W_hh), then x's part */
+    float *gs = g_wih ? g_wih : malloc((size_t)(3 * H * H) * sizeof(float));
+    const int64_t ls = g_wih ? li : H;
+    if (!gs) abort();
+    gemm(1, 0, 3 * H, H, U, g_all, l4, h, H, 0.f, gs, ls);
+    if (g_wih) gemm(1, 0, 3 * H, F, U, g_all, l4, x, F, 0.f, g_wih + H, li);
+    if (g_whh) {
+      for (int64_t o = 0; o < 2 * H; ++o) memcpy(g_whh + o * H, gs + o * ls, (size_t)H * sizeof(float));
+      gemm(1, 0, H, H, U, g_all + 3 * H, l4, h, H, 0.f, g_whh + 2 * H * H, H);
+    }
+    if (!g_wih) free(gs);
+  }
+  if (g_bih || g_bhh) {
+    float *gb = calloc((size_t)l4, sizeof(float));
+    if (!gb) abort();
+    for (int64_t i = 0; i < U; ++i)
+      for (int64_t t = 0; t < l4; ++t) gb[t] += g_all[i * l4 + t];
+    if (g_bih) memcpy(g_bih, gb, (size_t)(3 * H) * sizeof(float));
+    if (g_bhh) {
+      memcpy(g_bhh, gb, (size_t)(2 * H) * sizeof(float));
+      memcpy(g_bhh + 2 * H, gb + 3 * H, (size_t)H * sizeof(float));
+    }
+    free(gb);
+  }
+  if (g_x0) gemm(0, 0, U, F0, 3 * H, g_all, l4, w_ih + H, li, 0.f, g_x0, F0);
+  if (g_x1) gemm(0, 0, U, F1, 3 * H, g_all, l4, w_ih + H + F0, li, 0.f, g_x1, F1);
+  return 0;
 }
 
 static inline uint64_t splitmix64(uint64_t x) {

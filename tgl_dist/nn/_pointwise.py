@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
+from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library, set_blas
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 8
+ABI = 9
 _P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
                            ctypes.c_int)
 
@@ -44,11 +44,19 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _INT]),
         "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT]),
         "tgl_gru_fwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _INT]),
-        "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _P, _P, _INT])})
+        "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _P, _P, _INT]),
+        "tgl_pw_set_sgemm": (_INT, [_P]),
+        "tgl_pw_gemm_check": (_INT, []),
+        "tgl_gru_cell_fwd": (_INT, [_I64] * 4 + [_P, _I64] + [_P] * 11 + [_INT]),
+        "tgl_gru_cell_bwd": (_INT, [_I64] * 4 + [_P] * 15 + [_INT])})
 
 
 def _make() -> ctypes.CDLL:
-    return load_openmp(SOURCE, _load)
+    lib = load_openmp(SOURCE, _load)
+    # TGN's GRU cell as one call each way, its products through torch's own BLAS
+    # (set_blas); without it the cell runs its products as torch operators
+    lib.cell_ready = set_blas(lib, "tgl_pw_set_sgemm", "tgl_pw_gemm_check")
+    return lib
 
 
 KERNEL = LazyKernel("pointwise kernel", _make,
@@ -217,9 +225,13 @@ class GRUCell(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x0: Tensor, x1: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor,
                 b_ih: Tensor, b_hh: Tensor, lib, own_state: bool = False) -> Tensor:
+        ctx.lib, ctx.f0, ctx.own = lib, x0.size(1), own_state
+        if own_state and _whole_cell(lib, x0, x1, h, w_ih, w_hh, b_ih, b_hh):
+            out, saved = _whole_cell_forward(lib, x0, x1, h, w_ih, w_hh, b_ih, b_hh)
+            ctx.save_for_backward(*saved)
+            return out
         x = torch.cat([x0, x1], 1) if x0.size(1) else x1.contiguous()
         h = h.contiguous()
-        ctx.lib, ctx.f0, ctx.own = lib, x0.size(1), own_state
         if not own_state:
             gh = torch.addmm(b_hh, h, w_hh.t())
             out, saved = _gates_forward(lib, torch.addmm(b_ih, x, w_ih.t()), gh, h)
@@ -238,6 +250,8 @@ class GRUCell(torch.autograd.Function):
         x, h, gh, saved, w_ih, w_hh = ctx.saved_tensors
         need = ctx.needs_input_grad
         f0, H = ctx.f0, h.size(1)
+        if ctx.own and getattr(ctx.lib, "cell_ready", False):
+            return _whole_cell_backward(ctx, g)
         if ctx.own:   # gh: the [U, 4H] products of h; w_hh: their weight [4H, H]
             g_all, _, g_h = _gates_backward(ctx.lib, g, gh[:, 3 * H:], h, saved, need[2], True)
             g_gi = g_all[:, :3 * H]
@@ -271,6 +285,60 @@ class GRUCell(torch.autograd.Function):
         g_x0 = g_gi.mm(w_x[:, :f0]) if need[0] else None
         g_x1 = g_gi.mm(w_x[:, f0:]) if need[1] else None
         return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None, None
+
+
+def _whole_cell(lib, x0: Tensor, x1: Tensor, h: Tensor, *params: Tensor) -> bool:
+    """Whether :class:`GRUCell`'s own-state forward runs as one compiled call
+    (``tgl_gru_cell_fwd``): torch's BLAS found (``cell_ready``), rows of ``x0`` contiguous
+    in memory, the rest contiguous (all float32 on the CPU: :func:`gru_cell` checks)."""
+    return (bool(getattr(lib, "cell_ready", False)) and x0.stride(1) == 1
+            and (x0.size(0) < 2 or x0.stride(0) >= x0.size(1)) and x1.is_contiguous()
+            and h.is_contiguous() and all(p.is_contiguous() for p in params))
+
+
+def _whole_cell_forward(lib, x0, x1, h, w_ih, w_hh, b_ih, b_hh):
+    """The own-state forward as ``tgl_gru_cell_fwd``: ``(h' [U, H], saved)`` in the torch
+    form's layout (``x = [x0 || x1]``, ``h``, ``hh [U, 4H]``, ``r, z, n``, ``W_ih``,
+    ``w_own``), which either backward reads."""
+    (U, H), F0, F1 = h.shape, x0.size(1), x1.size(1)
+    x, w_own, hh = torch.empty(U, F0 + F1), torch.empty(4 * H, H), torch.empty(U, 4 * H)
+    out, saved = torch.empty(U, H), torch.empty(U, 3 * H)
+    rc = lib.tgl_gru_cell_fwd(U, H, F0, F1, x0.data_ptr(), x0.stride(0) if U else F0,
+                              x1.data_ptr(), h.data_ptr(), w_ih.data_ptr(), w_hh.data_ptr(),
+                              b_ih.data_ptr(), b_hh.data_ptr(), x.data_ptr(), w_own.data_ptr(),
+                              hh.data_ptr(), out.data_ptr(), saved.data_ptr(), lib.threads())
+    if rc != 0:
+        raise RuntimeError(f"GRU cell: the compiled call failed ({rc})")
+    return out, (x, h, hh, saved, w_ih, w_own)
+
+
+def _whole_cell_backward(ctx, g: Tensor):
+    """:class:`GRUCell`'s own-state backward as ``tgl_gru_cell_bwd``."""
+    x, h, hh, saved, w_ih, w_own = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    (U, H), f0 = h.shape, ctx.f0
+    f1 = x.size(1) - f0
+    e = torch.empty
+    g_h = e(U, H) if need[2] else None
+    g_x0 = e(U, f0) if need[0] else None
+    g_x1 = e(U, f1) if need[1] else None
+    g_wih = torch.empty_like(w_ih) if need[3] else None
+    g_whh = e(3 * H, H) if need[4] else None
+    g_bih = e(3 * H) if need[5] else None
+    g_bhh = e(3 * H) if need[6] else None
+    g, g_all = g.contiguous(), e(U, 4 * H)   # named: alive through the call
+    rc = ctx.lib.tgl_gru_cell_bwd(
+        U, H, f0, f1, g.data_ptr(), x.data_ptr(), h.data_ptr(), hh.data_ptr(),
+        saved.data_ptr(), w_ih.data_ptr(), w_own.data_ptr(), _ptr(g_h), _ptr(g_x0), _ptr(g_x1),
+        _ptr(g_wih), _ptr(g_whh), _ptr(g_bih), _ptr(g_bhh), g_all.data_ptr(),
+        ctx.lib.threads())
+    if rc != 0:
+        raise RuntimeError(f"GRU cell: the compiled backward failed ({rc})")
+    return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None, None
+
+
+def _ptr(t: Optional[Tensor]):
+    return None if t is None else t.data_ptr()
 
 
 def own_state_weights(w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor):

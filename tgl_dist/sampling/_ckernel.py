@@ -341,6 +341,29 @@ def _torch_cpu() -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
 
 
+def torch_sgemm() -> Optional[int]:
+    """The address of the ``sgemm_`` torch's own CPU matrix products call (the BLAS linked
+    into ``libtorch_cpu`` and exported by it, as in the PyPI wheels: MKL on x86-64), or
+    ``None``. The model kernels' whole-node calls run their products through it, so they
+    compute the products torch would."""
+    try:
+        return ctypes.cast(_torch_cpu().sgemm_, ctypes.c_void_p).value
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def set_blas(lib: ctypes.CDLL, set_fn: str, check_fn: str) -> bool:
+    """Hand :func:`torch_sgemm` to a kernel library (``set_fn``) and run its small-product
+    check (``check_fn``); ``False`` (and the library's products turned off again) when
+    there is no such BLAS or the check fails."""
+    fn = torch_sgemm()
+    ok = bool(fn and getattr(lib, set_fn)(fn) and getattr(lib, check_fn)())
+    if fn and not ok:
+        getattr(lib, set_fn)(None)
+        log.debug("%s: torch's sgemm_ failed the check; whole-node calls off", lib._name)
+    return ok
+
+
 def shares_torch_openmp(lib: ctypes.CDLL) -> bool:
     """Whether ``lib`` calls the same OpenMP runtime as torch: its ``omp_get_max_threads``
     resolves to the very function torch's ``libtorch_cpu`` resolves it to."""
