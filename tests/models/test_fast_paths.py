@@ -148,21 +148,24 @@ def test_unique_first_kernel_equals_torch_sort(case):
     assert bool((keys[first][1:] > keys[first][:-1]).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("k,own_src", [(1, False), (3, False), (0, False), (1, True), (3, True)])
-def test_predictor_score_is_one_node_with_forward_values_and_gradients(k, own_src):
+def test_predictor_score_is_one_node_with_forward_values_and_gradients(k, own_src, dtype):
     """``EdgePredictor.score`` (one autograd node) gives ``forward``'s logits and the same
-    gradients for the embedding table and every parameter, in float64; rows repeat;
-    negatives with their own sources (historical / inductive pairs) too."""
+    gradients for the embedding table and every parameter, in float64 and float32 (on the
+    CPU one compiled call each way, ``tgl_score_fwd`` / ``_bwd``); rows repeat; negatives
+    with their own sources (historical / inductive pairs) too."""
     from tgl_dist.nn import EdgePredictor
     from tgl_dist.nn.predictor import ScoreRows
     torch.manual_seed(0)
-    pred = EdgePredictor(6).double()
+    pred = EdgePredictor(6).to(dtype)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
     R, B = 9, 5
-    emb = torch.randn(R, 6, dtype=torch.float64, requires_grad=True)
+    emb = torch.randn(R, 6, dtype=dtype, requires_grad=True)
     src, pos = torch.randint(0, R, (B,)), torch.randint(0, R, (B,))
     neg = torch.randint(0, R, (k * B,))
     neg_src = torch.randint(0, R, (k * B,)) if own_src else None
-    g_pos, g_neg = torch.randn(B, dtype=torch.float64), torch.randn(k * B, dtype=torch.float64)
+    g_pos, g_neg = torch.randn(B, dtype=dtype), torch.randn(k * B, dtype=dtype)
     res = []
     for fused in (True, False):
         pred.zero_grad()
@@ -175,11 +178,11 @@ def test_predictor_score_is_one_node_with_forward_values_and_gradients(k, own_sr
         res.append([out[0].detach(), out[1].detach(), emb.grad.clone()]
                    + [p.grad.clone() for p in pred.parameters()])
     for a, b in zip(*res):
-        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-12), (a, b)
+        assert a.shape == b.shape and torch.allclose(a, b, atol=tol), (a, b)
     if own_src:  # and the negatives are scored against their own sources
         h = emb.detach()
         exp = pred.out_fc(torch.relu(pred.src_fc(h[neg_src]) + pred.dst_fc(h[neg]))).view(-1)
-        assert torch.allclose(res[0][1], exp, atol=1e-12)
+        assert torch.allclose(res[0][1], exp, atol=tol)
 
 
 def _cfg(path, **memory):

@@ -702,3 +702,72 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   }
   return 0;
 }
+
+/* ------------------------------------------------------------------------------------
+ * The edge predictor's scores from rows of one embedding table
+ * (tgl_dist.nn.predictor.ScoreRows) in one call each way, as the layer above:
+ *   logit_r = w_o . ReLU(W_s emb[src_(r mod B)] + b_s + W_d emb[dst_r] + b_d) + b_o
+ * for r < n = k B (B sources, each scored against its k + 1 destinations, negative-major;
+ * with B = n one source per row). emb [R, d]; W_s, W_d [d, d]; w_o [d]; b_o [1].
+ * ------------------------------------------------------------------------------------ */
+
+/* Writes hs [B, d], hd [n, d] (the gathered rows), z [n, d] (the ReLU's output) and
+ * logits [n]; s: scratch [B, d]. Returns 0, -1 for a row outside emb, -2 without a BLAS. */
+int tgl_score_fwd(int64_t B, int64_t n, int64_t R, int64_t d, const float *emb,
+                  const int64_t *src, const int64_t *dst, const float *w_s, const float *b_s,
+                  const float *w_d, const float *b_d, const float *w_o, const float *b_o,
+                  float *hs, float *hd, float *z, float *s, float *logits) {
+  if (!SGEMM) return -2;
+  if (B <= 0 || n % B || !rows_in_range(src, B, R) || !rows_in_range(dst, n, R)) return -1;
+  for (int64_t i = 0; i < B; ++i) memcpy(hs + i * d, emb + src[i] * d, (size_t)d * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) memcpy(hd + i * d, emb + dst[i] * d, (size_t)d * sizeof(float));
+  fill_rows(s, B, d, d, b_s);
+  gemm(0, 1, B, d, d, hs, d, w_s, d, 1.f, s, d);
+  fill_rows(z, n, d, d, b_d);
+  gemm(0, 1, n, d, d, hd, d, w_d, d, 1.f, z, d);
+  for (int64_t i = 0; i < n; ++i) {
+    float *zi = z + i * d;
+    const float *si = s + (i % B) * d;
+    for (int64_t t = 0; t < d; ++t) {
+      const float v = zi[t] + si[t];
+      zi[t] = v > 0.f ? v : 0.f;
+    }
+    logits[i] = b_o[0] + dot(zi, w_o, d);
+  }
+  return 0;
+}
+
+/* From g [n] (d loss / d logits) and the forward's rows: g_emb [R, d] (written whole:
+ * zero but at the rows of src and dst, summed in row order) when not NULL, and the
+ * parameters' gradients g_ws, g_wd [d, d], g_bs, g_bd, g_wo [d], g_bo [1]. Scratch:
+ * gz [n, d], gs [B, d], tmp [n, d]. Returns 0, or -2 without a BLAS. */
+int tgl_score_bwd(int64_t B, int64_t n, int64_t R, int64_t d, const float *g,
+                  const int64_t *src, const int64_t *dst, const float *hs, const float *hd,
+                  const float *z, const float *w_s, const float *w_d, const float *w_o,
+                  float *g_emb, float *g_ws, float *g_bs, float *g_wd, float *g_bd,
+                  float *g_wo, float *g_bo, float *gz, float *gs, float *tmp) {
+  if (!SGEMM) return -2;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t t = 0; t < d; ++t) gz[i * d + t] = z[i * d + t] > 0.f ? g[i] * w_o[t] : 0.f;
+  memcpy(gs, gz, (size_t)(B * d) * sizeof(float));   /* sum over the k + 1 blocks of B rows */
+  for (int64_t i = B; i < n; ++i) axpy(gs + (i % B) * d, 1.f, gz + i * d, d);
+  if (g_emb) {
+    memset(g_emb, 0, (size_t)(R * d) * sizeof(float));
+    gemm(0, 0, B, d, d, gs, d, w_s, d, 0.f, tmp, d);
+    for (int64_t i = 0; i < B; ++i) axpy(g_emb + src[i] * d, 1.f, tmp + i * d, d);
+    gemm(0, 0, n, d, d, gz, d, w_d, d, 0.f, tmp, d);
+    for (int64_t i = 0; i < n; ++i) axpy(g_emb + dst[i] * d, 1.f, tmp + i * d, d);
+  }
+  gemm(1, 0, d, d, B, gs, d, hs, d, 0.f, g_ws, d);
+  col_sums(g_bs, gs, B, d, d);
+  gemm(1, 0, d, d, n, gz, d, hd, d, 0.f, g_wd, d);
+  col_sums(g_bd, gz, n, d, d);
+  for (int64_t t = 0; t < d; ++t) g_wo[t] = 0.f;
+  float go = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    axpy(g_wo, g[i], z + i * d, d);
+    go += g[i];
+  }
+  g_bo[0] = go;
+  return 0;
+}

@@ -51,7 +51,9 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_att_gemm_check": (_INT, []),
         "tgl_att_layer_fwd": (_INT, [_I64] * 8 + [_P] * 7 + [_F] + [_P] * 9 + [_F]
                               + [_P] * 12 + [_INT]),
-        "tgl_att_layer_bwd": (_INT, [_I64] * 8 + [_P] * 8 + [_F] + [_P] * 40 + [_INT])})
+        "tgl_att_layer_bwd": (_INT, [_I64] * 8 + [_P] * 8 + [_F] + [_P] * 40 + [_INT]),
+        "tgl_score_fwd": (_INT, [_I64] * 4 + [_P] * 14),
+        "tgl_score_bwd": (_INT, [_I64] * 4 + [_P] * 19)})
 
 
 def _make() -> ctypes.CDLL:

@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from tgl_dist.nn._attention_kernel import index_add_rows
+from tgl_dist.nn._attention_kernel import get_attention_kernel, index_add_rows
 
 
 class EdgePredictor(nn.Module):
@@ -80,6 +80,20 @@ class EdgePredictor(nn.Module):
         return logits[:B], logits[B:]
 
 
+def _whole_scores(emb: Tensor, src: Tensor, dst: Tensor, *params: Tensor):
+    """The attention kernel when :class:`ScoreRows` runs as one compiled call each way
+    (``tgl_score_fwd`` / ``_bwd``: torch's BLAS found, contiguous float32 CPU tensors,
+    int64 rows), else ``None`` (its torch operators)."""
+    ts = (emb, *params)
+    if not (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                for t in ts) and src.dtype == torch.long and dst.dtype == torch.long
+            and src.is_contiguous() and dst.is_contiguous() and src.device.type == "cpu"
+            and dst.device.type == "cpu"):
+        return None
+    lib = get_attention_kernel()
+    return lib if lib is not None and getattr(lib, "layer_ready", False) else None
+
+
 class ScoreRows(torch.autograd.Function):
     """``apply(emb, src, dst, W_s, b_s, W_d, b_d, w_o, b_o) -> logits [n]``.
 
@@ -93,13 +107,30 @@ class ScoreRows(torch.autograd.Function):
     def forward(ctx, emb: Tensor, src: Tensor, dst: Tensor, w_s: Tensor, b_s: Tensor,
                 w_d: Tensor, b_d: Tensor, w_o: Tensor, b_o: Tensor) -> Tensor:
         B, n = src.numel(), dst.numel()
+        ctx.rows = emb.size(0)
+        lib = _whole_scores(emb, src, dst, w_s, b_s, w_d, b_d, w_o, b_o)
+        ctx.lib = lib
+        if lib is not None:   # one compiled call (tgl_score_fwd): the same arithmetic
+            d = emb.size(1)
+            hs, hd, z, s, out = (torch.empty(B, d), torch.empty(n, d), torch.empty(n, d),
+                                 torch.empty(B, d), torch.empty(n))
+            rc = lib.tgl_score_fwd(B, n, emb.size(0), d, emb.data_ptr(), src.data_ptr(),
+                                   dst.data_ptr(), w_s.data_ptr(), b_s.data_ptr(),
+                                   w_d.data_ptr(), b_d.data_ptr(), w_o.data_ptr(),
+                                   b_o.data_ptr(), hs.data_ptr(), hd.data_ptr(), z.data_ptr(),
+                                   s.data_ptr(), out.data_ptr())
+            if rc == -1:
+                raise IndexError(f"ScoreRows: rows must lie in 0..{emb.size(0) - 1}")
+            if rc != 0:
+                raise RuntimeError(f"ScoreRows: the compiled call failed ({rc})")
+            ctx.save_for_backward(src, dst, hs, hd, z, w_s, w_d, w_o)
+            return out
         hs, hd = emb.index_select(0, src), emb.index_select(0, dst)
         s = torch.addmm(b_s, hs, w_s.t())                                 # [B, d]
         z = torch.addmm(b_d, hd, w_d.t())                                 # [n, d]
         z.view(n // B, B, -1).add_(s)                                     # B = n: one each
         z.relu_()
         ctx.save_for_backward(src, dst, hs, hd, z, w_s, w_d, w_o)
-        ctx.rows = emb.size(0)
         return torch.addmv(b_o, z, w_o.view(-1))
 
     @staticmethod
@@ -108,6 +139,23 @@ class ScoreRows(torch.autograd.Function):
         need = ctx.needs_input_grad
         B, n = src.numel(), dst.numel()
         g = g.contiguous()
+        if ctx.lib is not None:   # tgl_score_bwd: every gradient in one call
+            d, e = hs.size(1), torch.empty
+            g_emb = e(ctx.rows, d) if need[0] else None
+            g_ws, g_bs, g_wd, g_bd, g_wo, g_bo = e(d, d), e(d), e(d, d), e(d), e(1, d), e(1)
+            gz, gs, tmp = e(n, d), e(B, d), e(n, d)
+            rc = ctx.lib.tgl_score_bwd(B, n, ctx.rows, d, g.data_ptr(), src.data_ptr(),
+                                       dst.data_ptr(), hs.data_ptr(), hd.data_ptr(),
+                                       z.data_ptr(), w_s.data_ptr(), w_d.data_ptr(),
+                                       w_o.data_ptr(), None if g_emb is None else g_emb.data_ptr(),
+                                       g_ws.data_ptr(), g_bs.data_ptr(), g_wd.data_ptr(),
+                                       g_bd.data_ptr(), g_wo.data_ptr(), g_bo.data_ptr(),
+                                       gz.data_ptr(), gs.data_ptr(), tmp.data_ptr())
+            if rc != 0:
+                raise RuntimeError(f"ScoreRows: the compiled backward failed ({rc})")
+            return (g_emb, None, None, g_ws if need[3] else None, g_bs if need[4] else None,
+                    g_wd if need[5] else None, g_bd if need[6] else None,
+                    g_wo if need[7] else None, g_bo if need[8] else None)
         gz = torch.ops.aten.threshold_backward(torch.outer(g, w_o.view(-1)), z, 0.0)  # [n, d]
         gs = gz.view(n // B, B, -1).sum(0) if B < n else gz              # [B, d]
         g_emb = None
