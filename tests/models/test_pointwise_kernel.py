@@ -373,3 +373,25 @@ def test_whole_gru_cell_reads_a_strided_mail(monkeypatch):
     (o1, g1), (o2, g2) = res
     assert torch.allclose(o1, o2, atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-5) for a, b in zip(g1, g2))
+
+
+def test_rows_equal_is_torch_equal_on_column_slices():
+    """rows_equal (the kernel's row pass for the mail-starts-with-memory test) answers as
+    torch.equal: equal slices, one differing element anywhere, -0.0 == 0.0, NaN != NaN,
+    empty tensors, and non-float32 inputs (torch's own equal)."""
+    from tgl_dist.nn._pointwise import rows_equal
+    g = torch.Generator().manual_seed(7)
+    mail = torch.randn(40, 12, generator=g)
+    mem = mail[:, :5].contiguous()
+    assert rows_equal(mail[:, :5], mem)
+    for i, j in ((0, 0), (39, 4), (17, 2)):
+        other = mem.clone()
+        other[i, j] += 1.0
+        assert not rows_equal(mail[:, :5], other)
+    z = torch.zeros(3, 4)
+    assert rows_equal(z, -z) == torch.equal(z, -z)
+    n = torch.full((2, 3), float("nan"))
+    assert rows_equal(n, n.clone()) == torch.equal(n, n.clone())
+    assert rows_equal(torch.zeros(0, 5), torch.zeros(0, 5))
+    d = mail.double()
+    assert rows_equal(d[:, :5], d[:, :5].contiguous())

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgl_dist.nn._pointwise import Dropout, gru_cell, own_state_weights
+from tgl_dist.nn._pointwise import Dropout, gru_cell, own_state_weights, rows_equal
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
 
@@ -176,7 +176,7 @@ def _starts_with(mail: Tensor, mem: Tensor) -> bool:
     exactly (checked on the values, so it holds whatever wrote the mailbox)."""
     H = mem.size(1)
     return (mail.size(1) > H and mail.dtype == mem.dtype and not mail.requires_grad
-            and torch.equal(mail[:, :H], mem))
+            and rows_equal(mail[:, :H], mem))
 
 
 class RNNMemoryUpdater(_CellUpdater):

@@ -34,7 +34,7 @@
 #include <string.h>
 #include <stdlib.h>
 
-#define TGL_PW_ABI 9
+#define TGL_PW_ABI 10
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -305,6 +305,20 @@ void tgl_gru_bwd(int64_t U, int64_t H, const float *go, const float *gh, int64_t
   for (k = 0; k < nb; ++k)
     gru_bwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, go, gh, ldh, rz_in_gi,
                  h, saved, g_gi, ldg, g_gh, g_h);
+}
+
+/* 1 when every row i < U of a (row stride lda) equals that of b (row stride ldb) in its
+ * first w columns (float ==: torch.equal's test), else 0; the rows in order, stopping at
+ * the first difference */
+int tgl_rows_equal(int64_t U, int64_t w, const float *a, int64_t lda, const float *b,
+                   int64_t ldb) {
+  for (int64_t i = 0; i < U; ++i) {
+    const float *x = a + i * lda, *y = b + i * ldb;
+    int same = 1;
+    for (int64_t t = 0; t < w; ++t) same &= x[t] == y[t];
+    if (!same) return 0;
+  }
+  return 1;
 }
 
 /* ------------------------------------------------------------------------------------

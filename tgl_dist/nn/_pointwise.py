@@ -32,7 +32,7 @@ from torch import Tensor
 from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library, set_blas
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 9
+ABI = 10
 _P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
                            ctypes.c_int)
 
@@ -46,6 +46,7 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_gru_fwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _INT]),
         "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _P, _P, _INT]),
         "tgl_pw_set_sgemm": (_INT, [_P]),
+        "tgl_rows_equal": (_INT, [_I64, _I64, _P, _I64, _P, _I64]),
         "tgl_pw_gemm_check": (_INT, []),
         "tgl_gru_cell_fwd": (_INT, [_I64] * 4 + [_P, _I64] + [_P] * 11 + [_INT]),
         "tgl_gru_cell_bwd": (_INT, [_I64] * 4 + [_P] * 15 + [_INT])})
@@ -335,6 +336,19 @@ def _whole_cell_backward(ctx, g: Tensor):
     if rc != 0:
         raise RuntimeError(f"GRU cell: the compiled backward failed ({rc})")
     return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None, None
+
+
+def rows_equal(a: Tensor, b: Tensor) -> bool:
+    """``torch.equal(a, b)`` for two ``[U, w]`` tensors whose rows are contiguous (either
+    may be a column slice of a wider one, e.g. the first columns of the stored mails):
+    one serial pass of the kernel on CPU float32 (torch's ``equal`` on a strided slice
+    runs its elementwise comparison over the whole view), torch's otherwise."""
+    lib = KERNEL.get() if _cpu_f32(a, b) else None
+    if (lib is None or a.shape != b.shape or a.dim() != 2 or a.stride(1) != 1
+            or b.stride(1) != 1):
+        return torch.equal(a, b)
+    return bool(lib.tgl_rows_equal(a.size(0), a.size(1), a.data_ptr(), a.stride(0),
+                                   b.data_ptr(), b.stride(0)))
 
 
 def _ptr(t: Optional[Tensor]):
