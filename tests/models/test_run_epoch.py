@@ -133,3 +133,21 @@ def test_mrr_ranks_each_positive_against_its_own_negatives():
     metrics = LinkPredMetrics()
     run_epoch(Fixed(), [(None, None, {}, 0.0)], metrics=metrics)
     assert metrics.compute()["mrr"] == pytest.approx(0.5)
+
+
+def test_link_loss_is_one_node_with_torchs_bce_value_and_gradient():
+    """link_loss: the value of torch's two BCE terms, their gradients, one autograd node."""
+    import torch.nn.functional as F
+    from tgl_dist.models import link_loss
+    g = torch.Generator().manual_seed(3)
+    pos, neg = torch.randn(7, generator=g) * 3, torch.randn(14, generator=g) * 3
+    a, b = pos.clone().requires_grad_(), neg.clone().requires_grad_()
+    loss = link_loss(a, b)
+    assert type(loss.grad_fn).__name__ == "_LinkBCEBackward"
+    (loss * 1.7).backward()
+    c, d = pos.clone().requires_grad_(), neg.clone().requires_grad_()
+    ref = (F.binary_cross_entropy_with_logits(c, torch.ones_like(c))
+           + F.binary_cross_entropy_with_logits(d, torch.zeros_like(d)))
+    (ref * 1.7).backward()
+    assert torch.equal(loss.detach(), ref.detach())
+    assert torch.allclose(a.grad, c.grad, atol=1e-7) and torch.allclose(b.grad, d.grad, atol=1e-7)

@@ -40,7 +40,7 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 6; }
+int64_t tgl_att_abi(void) { return 7; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -711,14 +711,16 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
  * with B = n one source per row). emb [R, d]; W_s, W_d [d, d]; w_o [d]; b_o [1].
  * ------------------------------------------------------------------------------------ */
 
-/* Writes hs [B, d], hd [n, d] (the gathered rows), z [n, d] (the ReLU's output) and
- * logits [n]; s: scratch [B, d]. Returns 0, -1 for a row outside emb, -2 without a BLAS. */
-int tgl_score_fwd(int64_t B, int64_t n, int64_t R, int64_t d, const float *emb,
+/* Writes hs [B, d], hd [n, d] (the gathered rows), z [n, d] (the ReLU's output) and the
+ * logits, rows r < npos into lp and the rest into ln; s: scratch [B, d]. Returns 0, -1 for
+ * a row outside emb, -2 without a BLAS. */
+int tgl_score_fwd(int64_t B, int64_t n, int64_t npos, int64_t R, int64_t d, const float *emb,
                   const int64_t *src, const int64_t *dst, const float *w_s, const float *b_s,
                   const float *w_d, const float *b_d, const float *w_o, const float *b_o,
-                  float *hs, float *hd, float *z, float *s, float *logits) {
+                  float *hs, float *hd, float *z, float *s, float *lp, float *ln) {
   if (!SGEMM) return -2;
-  if (B <= 0 || n % B || !rows_in_range(src, B, R) || !rows_in_range(dst, n, R)) return -1;
+  if (B <= 0 || n % B || npos < 0 || npos > n || !rows_in_range(src, B, R)
+      || !rows_in_range(dst, n, R)) return -1;
   for (int64_t i = 0; i < B; ++i) memcpy(hs + i * d, emb + src[i] * d, (size_t)d * sizeof(float));
   for (int64_t i = 0; i < n; ++i) memcpy(hd + i * d, emb + dst[i] * d, (size_t)d * sizeof(float));
   fill_rows(s, B, d, d, b_s);
@@ -732,7 +734,8 @@ int tgl_score_fwd(int64_t B, int64_t n, int64_t R, int64_t d, const float *emb,
       const float v = zi[t] + si[t];
       zi[t] = v > 0.f ? v : 0.f;
     }
-    logits[i] = b_o[0] + dot(zi, w_o, d);
+    const float logit = b_o[0] + dot(zi, w_o, d);
+    if (i < npos) lp[i] = logit; else ln[i - npos] = logit;
   }
   return 0;
 }

@@ -74,10 +74,9 @@ class EdgePredictor(nn.Module):
                         None if neg_src is None else emb.index_select(0, neg_src))
         if neg_src is not None:
             src = torch.cat([src, neg_src])
-        logits = ScoreRows.apply(emb, src, torch.cat([pos, neg]), self.src_fc.weight,
-                                 self.src_fc.bias, self.dst_fc.weight, self.dst_fc.bias,
-                                 self.out_fc.weight, self.out_fc.bias)
-        return logits[:B], logits[B:]
+        return ScoreRows.apply(emb, src, torch.cat([pos, neg]), self.src_fc.weight,
+                               self.src_fc.bias, self.dst_fc.weight, self.dst_fc.bias,
+                               self.out_fc.weight, self.out_fc.bias, B)
 
 
 def _whole_scores(emb: Tensor, src: Tensor, dst: Tensor, *params: Tensor):
@@ -95,7 +94,8 @@ def _whole_scores(emb: Tensor, src: Tensor, dst: Tensor, *params: Tensor):
 
 
 class ScoreRows(torch.autograd.Function):
-    """``apply(emb, src, dst, W_s, b_s, W_d, b_d, w_o, b_o) -> logits [n]``.
+    """``apply(emb, src, dst, W_s, b_s, W_d, b_d, w_o, b_o, npos) -> (logits[:npos],
+    logits[npos:])`` of ``logits [n]``, two separate tensors (no slicing nodes after it).
 
     ``emb [R, d]``; ``src [B]`` or ``[n]``, ``dst [n]`` row numbers with ``n = (1 + k) B``
     (with ``B`` sources, row j*B + i of ``dst`` is scored against source i; with ``n``,
@@ -105,40 +105,41 @@ class ScoreRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, emb: Tensor, src: Tensor, dst: Tensor, w_s: Tensor, b_s: Tensor,
-                w_d: Tensor, b_d: Tensor, w_o: Tensor, b_o: Tensor) -> Tensor:
+                w_d: Tensor, b_d: Tensor, w_o: Tensor, b_o: Tensor, npos: int):
         B, n = src.numel(), dst.numel()
-        ctx.rows = emb.size(0)
+        ctx.rows, ctx.npos = emb.size(0), npos
         lib = _whole_scores(emb, src, dst, w_s, b_s, w_d, b_d, w_o, b_o)
         ctx.lib = lib
         if lib is not None:   # one compiled call (tgl_score_fwd): the same arithmetic
             d = emb.size(1)
-            hs, hd, z, s, out = (torch.empty(B, d), torch.empty(n, d), torch.empty(n, d),
-                                 torch.empty(B, d), torch.empty(n))
-            rc = lib.tgl_score_fwd(B, n, emb.size(0), d, emb.data_ptr(), src.data_ptr(),
+            hs, hd, z, s = torch.empty(B, d), torch.empty(n, d), torch.empty(n, d), torch.empty(B, d)
+            lp, ln = torch.empty(npos), torch.empty(n - npos)
+            rc = lib.tgl_score_fwd(B, n, npos, emb.size(0), d, emb.data_ptr(), src.data_ptr(),
                                    dst.data_ptr(), w_s.data_ptr(), b_s.data_ptr(),
                                    w_d.data_ptr(), b_d.data_ptr(), w_o.data_ptr(),
                                    b_o.data_ptr(), hs.data_ptr(), hd.data_ptr(), z.data_ptr(),
-                                   s.data_ptr(), out.data_ptr())
+                                   s.data_ptr(), lp.data_ptr(), ln.data_ptr())
             if rc == -1:
                 raise IndexError(f"ScoreRows: rows must lie in 0..{emb.size(0) - 1}")
             if rc != 0:
                 raise RuntimeError(f"ScoreRows: the compiled call failed ({rc})")
             ctx.save_for_backward(src, dst, hs, hd, z, w_s, w_d, w_o)
-            return out
+            return lp, ln
         hs, hd = emb.index_select(0, src), emb.index_select(0, dst)
         s = torch.addmm(b_s, hs, w_s.t())                                 # [B, d]
         z = torch.addmm(b_d, hd, w_d.t())                                 # [n, d]
         z.view(n // B, B, -1).add_(s)                                     # B = n: one each
         z.relu_()
         ctx.save_for_backward(src, dst, hs, hd, z, w_s, w_d, w_o)
-        return torch.addmv(b_o, z, w_o.view(-1))
+        logits = torch.addmv(b_o, z, w_o.view(-1))
+        return logits[:npos].clone(), logits[npos:].clone()   # two tensors, not views
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    def backward(ctx, g_pos: Tensor, g_neg: Tensor):
         src, dst, hs, hd, z, w_s, w_d, w_o = ctx.saved_tensors
         need = ctx.needs_input_grad
         B, n = src.numel(), dst.numel()
-        g = g.contiguous()
+        g = torch.cat([g_pos, g_neg])   # [n]: the logits' gradient
         if ctx.lib is not None:   # tgl_score_bwd: every gradient in one call
             d, e = hs.size(1), torch.empty
             g_emb = e(ctx.rows, d) if need[0] else None
@@ -155,7 +156,7 @@ class ScoreRows(torch.autograd.Function):
                 raise RuntimeError(f"ScoreRows: the compiled backward failed ({rc})")
             return (g_emb, None, None, g_ws if need[3] else None, g_bs if need[4] else None,
                     g_wd if need[5] else None, g_bd if need[6] else None,
-                    g_wo if need[7] else None, g_bo if need[8] else None)
+                    g_wo if need[7] else None, g_bo if need[8] else None, None)
         gz = torch.ops.aten.threshold_backward(torch.outer(g, w_o.view(-1)), z, 0.0)  # [n, d]
         gs = gz.view(n // B, B, -1).sum(0) if B < n else gz              # [B, d]
         g_emb = None
@@ -167,4 +168,4 @@ class ScoreRows(torch.autograd.Function):
                 gs.t().mm(hs) if need[3] else None, gs.sum(0) if need[4] else None,
                 gz.t().mm(hd) if need[5] else None, gz.sum(0) if need[6] else None,
                 z.t().mv(g).view_as(w_o) if need[7] else None,
-                g.sum().view(1) if need[8] else None)
+                g.sum().view(1) if need[8] else None, None)
