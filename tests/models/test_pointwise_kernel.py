@@ -395,3 +395,40 @@ def test_rows_equal_is_torch_equal_on_column_slices():
     assert rows_equal(torch.zeros(0, 5), torch.zeros(0, 5))
     d = mail.double()
     assert rows_equal(d[:, :5], d[:, :5].contiguous())
+
+
+@needs_kernel
+@pytest.mark.parametrize("train_time", [True, False])
+def test_gru_time_cell_equals_time_encoding_then_cell(train_time):
+    """GRUTimeCell (the encoding inside the cell's compiled calls) against
+    CosineTimeEncoding followed by GRUCell: outputs and the gradients of the cell's and
+    the encoding's parameters and of h, the mail read in place (a column slice)."""
+    from tgl_dist.nn._pointwise import GRUTimeCell, whole_time_cell
+    g = torch.Generator().manual_seed(8)
+    U, H, F0, F1 = 60, 8, 8, 6
+    mail = torch.randn(U, H + F0, generator=g)
+    dt = (torch.rand(U, generator=g) * 1e4).float()
+    enc = TimeEncode(F1)
+    enc.w.weight.requires_grad_(train_time)
+    enc.w.bias.requires_grad_(train_time)
+    cell = torch.nn.GRUCell(H + F0 + F1, H)
+    h0 = mail[:, :H].contiguous()
+    res = []
+    for fused in (True, False):
+        ps = [p.detach().clone().requires_grad_() for p in cell.parameters()]
+        tw, tb = (t.detach().clone().requires_grad_(train_time) for t in (enc.w.weight, enc.w.bias))
+        h = h0.clone().requires_grad_()
+        if fused:
+            lib = whole_time_cell(mail[:, H:], dt, h, *ps, tw, tb)
+            if lib is None:
+                pytest.skip("torch exports no sgemm_: the cell runs its torch form only")
+            out = GRUTimeCell.apply(mail[:, H:], dt, h, *ps, tw, tb, lib)
+        else:
+            phi = cosine_time_encoding(dt, tw.view(-1), tb)
+            out = gru_cell(mail[:, H:], phi, h, *ps, own_state=True)
+        leaves = [h] + ps + ([tw, tb] if train_time else [])
+        res.append((out, torch.autograd.grad(out.square().sum(), leaves)))
+    (o1, g1), (o2, g2) = res
+    assert torch.allclose(o1, o2, atol=1e-6)
+    for a, b in zip(g1, g2):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5)

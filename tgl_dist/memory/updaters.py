@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tgl_dist.nn._pointwise import Dropout, gru_cell, own_state_weights, rows_equal
+from tgl_dist.nn._pointwise import (Dropout, GRUTimeCell, gru_cell, own_state_weights,
+                                    rows_equal, whole_time_cell)
 from tgl_dist.nn.time_encoding import TimeEncode
 from tgl_dist.nn.unique import unique_first
 
@@ -138,10 +139,18 @@ class GRUMemoryUpdater(_CellUpdater):
             # backward computes input gradients for phi only (mail and memory are stored
             # constants)
             mem = srcdata["mem"]
-            phi = self.time_enc(srcdata["mail_ts"][:, -1] - srcdata["mem_ts"])
+            dt = (srcdata["mail_ts"][:, -1] - srcdata["mem_ts"]).float()
             mail = srcdata["mail"].flatten(1)  # [S, d_mail] (K = 1); S may be 0
             params = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
-            if _starts_with(mail, mem):
+            own = _starts_with(mail, mem)
+            te = self.time_enc.w
+            if own and isinstance(self.time_enc, TimeEncode):
+                lib = whole_time_cell(mail[:, H:], dt, mem, *params, te.weight, te.bias)
+                if lib is not None:   # the encoding inside the cell's compiled calls
+                    return GRUTimeCell.apply(mail[:, H:], dt, mem, *params, te.weight,
+                                             te.bias, lib)
+            phi = self.time_enc(dt)
+            if own:
                 # TGN's mails start with the receiver's own memory, written with it: the
                 # cell reads that part from h, with fewer products (GRUCell, own_state)
                 return gru_cell(mail[:, H:], phi, mem, *params, own_state=True)

@@ -34,7 +34,7 @@
 #include <string.h>
 #include <stdlib.h>
 
-#define TGL_PW_ABI 10
+#define TGL_PW_ABI 11
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -380,7 +380,7 @@ int tgl_gru_cell_fwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *
   const int64_t F = F0 + F1, li = H + F;
   for (int64_t i = 0; i < U; ++i) {
     memcpy(x + i * F, x0 + i * ld0, (size_t)F0 * sizeof(float));
-    memcpy(x + i * F + F0, x1 + i * F1, (size_t)F1 * sizeof(float));
+    if (x1) memcpy(x + i * F + F0, x1 + i * F1, (size_t)F1 * sizeof(float));
   }
   float *b_own = malloc((size_t)(4 * H) * sizeof(float));
   if (!b_own) abort();
@@ -408,6 +408,20 @@ int tgl_gru_cell_fwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *
     gru_fwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, hh, 4 * H, hh + 3 * H,
                  4 * H, 1, h, out, saved);
   return 0;
+}
+
+/* tgl_gru_cell_fwd with the time input x1 = cos(dt w + b) (the cosine time encoding of
+ * dt [U] with w, b [F1]) written straight into x's last F1 columns (tgl_time_enc_fwd);
+ * sinz [U, F1]: its sin for the backward, or NULL. */
+int tgl_gru_time_cell_fwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *x0,
+                          int64_t ld0, const float *dt, const float *te_w, const float *te_b,
+                          float *sinz, const float *h, const float *w_ih, const float *w_hh,
+                          const float *b_ih, const float *b_hh, float *x, float *w_own,
+                          float *hh, float *out, float *saved, int threads) {
+  if (!SGEMM) return -2;
+  tgl_time_enc_fwd(U, F1, dt, te_w, te_b, x + F0, F0 + F1, sinz, threads);
+  return tgl_gru_cell_fwd(U, H, F0, F1, x0, ld0, NULL, h, w_ih, w_hh, b_ih, b_hh, x, w_own,
+                          hh, out, saved, threads);
 }
 
 /* Backward from go [U, H] and the forward's x, h, hh, saved, W_ih, w_own. Writes (each
@@ -448,6 +462,22 @@ int tgl_gru_cell_bwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *
   }
   if (g_x0) gemm(0, 0, U, F0, 3 * H, g_all, l4, w_ih + H, li, 0.f, g_x0, F0);
   if (g_x1) gemm(0, 0, U, F1, 3 * H, g_all, l4, w_ih + H + F0, li, 0.f, g_x1, F1);
+  return 0;
+}
+
+/* Backward of tgl_gru_time_cell_fwd: tgl_gru_cell_bwd, then (g_tw not NULL) the time
+ * encoding's w and b gradients g_tw, g_tb [F1] from the time input's gradient (written
+ * to the scratch g_x1 [U, F1]) and sinz (tgl_time_enc_bwd; acc: its double scratch). */
+int tgl_gru_time_cell_bwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *go,
+                          const float *x, const float *h, const float *hh, const float *saved,
+                          const float *w_ih, const float *w_own, const float *dt,
+                          const float *te_w, const float *sinz, float *g_h, float *g_x0,
+                          float *g_x1, float *g_wih, float *g_whh, float *g_bih, float *g_bhh,
+                          float *g_tw, float *g_tb, double *acc, float *g_all, int threads) {
+  const int rc = tgl_gru_cell_bwd(U, H, F0, F1, go, x, h, hh, saved, w_ih, w_own, g_h, g_x0,
+                                  g_tw ? g_x1 : NULL, g_wih, g_whh, g_bih, g_bhh, g_all, threads);
+  if (rc != 0) return rc;
+  if (g_tw) tgl_time_enc_bwd(U, F1, dt, te_w, sinz, g_x1, F1, g_tw, g_tb, NULL, acc, threads);
   return 0;
 }
 

@@ -32,7 +32,7 @@ from torch import Tensor
 from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library, set_blas
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 10
+ABI = 11
 _P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
                            ctypes.c_int)
 
@@ -49,7 +49,9 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_rows_equal": (_INT, [_I64, _I64, _P, _I64, _P, _I64]),
         "tgl_pw_gemm_check": (_INT, []),
         "tgl_gru_cell_fwd": (_INT, [_I64] * 4 + [_P, _I64] + [_P] * 11 + [_INT]),
-        "tgl_gru_cell_bwd": (_INT, [_I64] * 4 + [_P] * 15 + [_INT])})
+        "tgl_gru_cell_bwd": (_INT, [_I64] * 4 + [_P] * 15 + [_INT]),
+        "tgl_gru_time_cell_fwd": (_INT, [_I64] * 4 + [_P, _I64] + [_P] * 14 + [_INT]),
+        "tgl_gru_time_cell_bwd": (_INT, [_I64] * 4 + [_P] * 21 + [_INT])})
 
 
 def _make() -> ctypes.CDLL:
@@ -336,6 +338,77 @@ def _whole_cell_backward(ctx, g: Tensor):
     if rc != 0:
         raise RuntimeError(f"GRU cell: the compiled backward failed ({rc})")
     return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None, None
+
+
+class GRUTimeCell(torch.autograd.Function):
+    """TGN's cell with its time input: :class:`GRUCell` (``own_state``) on
+    ``[h || x0 || cos(dt w + b)]``, the cosine time encoding computed inside the same
+    compiled call each way (``tgl_gru_time_cell_fwd`` / ``_bwd``: no separate encoding
+    node, no copy of its rows). ``apply(x0 [U, F0], dt [U], h [U, H], W_ih, W_hh, b_ih,
+    b_hh, te_w [F1, 1], te_b [F1], lib) -> h' [U, H]``; gradients flow to the cell's and
+    the encoding's parameters and, when asked, to ``x0`` and ``h`` (``dt`` is data).
+    Only where :func:`whole_time_cell` holds; its values are :class:`GRUCell`'s on
+    :class:`CosineTimeEncoding`'s output (tested)."""
+
+    @staticmethod
+    def forward(ctx, x0: Tensor, dt: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor,
+                b_ih: Tensor, b_hh: Tensor, te_w: Tensor, te_b: Tensor, lib) -> Tensor:
+        (U, H), F0, F1 = h.shape, x0.size(1), te_w.numel()
+        e = torch.empty
+        x, w_own, hh, out, saved = e(U, F0 + F1), e(4 * H, H), e(U, 4 * H), e(U, H), e(U, 3 * H)
+        sinz = e(U, F1) if (ctx.needs_input_grad[7] or ctx.needs_input_grad[8]) else None
+        rc = lib.tgl_gru_time_cell_fwd(U, H, F0, F1, x0.data_ptr(), x0.stride(0) if U else F0,
+                                       dt.data_ptr(), te_w.data_ptr(), te_b.data_ptr(),
+                                       _ptr(sinz), h.data_ptr(), w_ih.data_ptr(),
+                                       w_hh.data_ptr(), b_ih.data_ptr(), b_hh.data_ptr(),
+                                       x.data_ptr(), w_own.data_ptr(), hh.data_ptr(),
+                                       out.data_ptr(), saved.data_ptr(), lib.threads())
+        if rc != 0:
+            raise RuntimeError(f"GRU cell: the compiled call failed ({rc})")
+        ctx.save_for_backward(x, h, hh, saved, w_ih, w_own, dt, te_w, sinz)
+        ctx.lib, ctx.f0 = lib, F0
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, h, hh, saved, w_ih, w_own, dt, te_w, sinz = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        (U, H), f0, lib = h.shape, ctx.f0, ctx.lib
+        f1 = x.size(1) - f0
+        e = torch.empty
+        te = sinz is not None
+        g_h = e(U, H) if need[2] else None
+        g_x0 = e(U, f0) if need[0] else None
+        g_wih = torch.empty_like(w_ih) if need[3] else None
+        g_whh = e(3 * H, H) if need[4] else None
+        g_bih = e(3 * H) if need[5] else None
+        g_bhh = e(3 * H) if need[6] else None
+        g_tw, g_tb = (torch.empty_like(te_w), e(f1)) if te else (None, None)
+        g_x1 = e(U, f1) if te else None
+        acc = e(lib.tgl_time_enc_bwd_scratch(U, f1), dtype=torch.float64) if te else None
+        g, g_all = g.contiguous(), e(U, 4 * H)   # named: alive through the call
+        rc = lib.tgl_gru_time_cell_bwd(
+            U, H, f0, f1, g.data_ptr(), x.data_ptr(), h.data_ptr(), hh.data_ptr(),
+            saved.data_ptr(), w_ih.data_ptr(), w_own.data_ptr(), dt.data_ptr(), te_w.data_ptr(),
+            _ptr(sinz), _ptr(g_h), _ptr(g_x0), _ptr(g_x1), _ptr(g_wih), _ptr(g_whh),
+            _ptr(g_bih), _ptr(g_bhh), _ptr(g_tw), _ptr(g_tb), _ptr(acc), g_all.data_ptr(),
+            lib.threads())
+        if rc != 0:
+            raise RuntimeError(f"GRU cell: the compiled backward failed ({rc})")
+        return (g_x0, None, g_h, g_wih, g_whh, g_bih, g_bhh,
+                g_tw if te and need[7] else None, g_tb if te and need[8] else None, None)
+
+
+def whole_time_cell(x0: Tensor, dt: Tensor, h: Tensor, *params: Tensor):
+    """The pointwise kernel when :class:`GRUTimeCell` applies (torch's BLAS found, CPU
+    float32, ``dt`` data, rows of ``x0`` contiguous in memory, the rest contiguous), else
+    ``None``."""
+    if not _cpu_f32(x0, dt, h, *params) or dt.requires_grad or dt.dim() != 1:
+        return None
+    lib = KERNEL.get()
+    if lib is None or not _whole_cell(lib, x0, dt, h, *params):
+        return None
+    return lib
 
 
 def rows_equal(a: Tensor, b: Tensor) -> bool:
