@@ -428,3 +428,23 @@ def test_whole_layer_call_equals_the_layer_in_torch_ops(monkeypatch, dim_edge, n
     assert torch.allclose(o1, o2, atol=1e-5)
     for a, e in zip(g1, g2):
         assert torch.allclose(a, e, atol=1e-4, rtol=1e-4), float((a - e).abs().max())
+
+
+def test_build_cache_keys_on_the_local_headers_a_source_includes(tmp_path):
+    """The model kernels share nn/_blas.h: a cached library is rebuilt when a header it
+    includes changes, not only when its own source does."""
+    from tgl_dist.sampling._ckernel import MODEL_FLAGS, build, require_compiler
+    try:
+        cc = require_compiler()
+    except Exception as e:   # noqa: BLE001 - a clone without a compiler
+        pytest.skip(f"no C compiler: {e}")
+    (tmp_path / "part.h").write_text("static int part(void) { return 1; }\n")
+    src = tmp_path / "lib.c"
+    src.write_text('#include "part.h"\nint value(void) { return part(); }\n')
+    first = build(cc, tmp_path / "cache", src, MODEL_FLAGS)
+    assert build(cc, tmp_path / "cache", src, MODEL_FLAGS) == first     # reused
+    (tmp_path / "part.h").write_text("static int part(void) { return 2; }\n")
+    second = build(cc, tmp_path / "cache", src, MODEL_FLAGS)
+    assert second != first
+    import ctypes
+    assert ctypes.CDLL(str(second)).value() == 2

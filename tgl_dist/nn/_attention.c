@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_blas.h"
+
 #define MAX_THREADS 64
 
 /* on x86-64 Linux with GCC, the per-destination passes get an AVX2 clone beside the
@@ -427,31 +429,9 @@ int tgl_att_index_add(int64_t n, int64_t d, const int64_t *idx, const float *src
  * [h_dst || phi(0)] with phi(0) = c0 [dtd]. Parameters: W_q [d, dn + dtd], b_q [d],
  * W_kv [2d, C], b_kv [2d], W_o [d, d + dn], b_o [d], LayerNorm ln_w, ln_b [d].
  * ------------------------------------------------------------------------------------ */
-typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
-                         const float *, const float *, const int *, const float *, const int *,
-                         const float *, float *, const int *);
-static sgemm_fn SGEMM = NULL;
-
 /* fn: the BLAS's Fortran sgemm_ (32-bit integers), or NULL to turn the layer calls off */
 int tgl_att_set_sgemm(void *fn) { SGEMM = (sgemm_fn)fn; return SGEMM != NULL; }
-
-/* row-major C [m, n] = op(A) op(B) + beta C, op(A) [m, k], op(B) [k, n]; ta = 0: A is
- * stored [m, k] (row stride lda), ta = 1: A is stored [k, m] (op = transpose); same for B.
- * A row-major matrix is the column-major transpose, so this is the column-major
- * C^T = op(B)^T op(A)^T: the call torch's own row-major products make. */
-static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
-                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
-    return;
-  }
-  const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
-  const int M = (int)n, N = (int)m, K = (int)k, la = (int)ldb, lb = (int)lda, lc = (int)ldc;
-  const float one = 1.f;
-  SGEMM(&cb, &ca, &M, &N, &K, &one, B, &la, A, &lb, &beta, C, &lc);
-}
+int tgl_att_gemm_check(void) { return gemm_check(); }
 
 /* rows [n, w] (row stride ld) = the vector v [w] on every row */
 static void fill_rows(float *out, int64_t n, int64_t w, int64_t ld, const float *v) {
@@ -464,23 +444,6 @@ static void col_sums(float *restrict out, const float *restrict a, int64_t n, in
   for (int64_t t = 0; t < w; ++t) out[t] = 0.f;
   for (int64_t i = 0; i < n; ++i)
     for (int64_t t = 0; t < w; ++t) out[t] += a[i * lda + t];
-}
-
-/* 1 when gemm computes what it should with the sgemm set (a 2 x 3 by 3 x 2 product in all
- * four transpose combinations), else 0: checked once when the library is loaded */
-int tgl_att_gemm_check(void) {
-  if (!SGEMM) return 0;
-  const float a[6] = {1, 2, 3, 4, 5, 6}, at[6] = {1, 4, 2, 5, 3, 6};      /* A [2, 3], A^T */
-  const float b[6] = {7, 8, 9, 10, 11, 12}, bt[6] = {7, 9, 11, 8, 10, 12}; /* B [3, 2], B^T */
-  const float want[4] = {58, 64, 139, 154};
-  for (int ta = 0; ta < 2; ++ta)
-    for (int tb = 0; tb < 2; ++tb) {
-      float out[4] = {1, 1, 1, 1};
-      gemm(ta, tb, 2, 2, 3, ta ? at : a, ta ? 2 : 3, tb ? bt : b, tb ? 3 : 2, 0.f, out, 2);
-      for (int i = 0; i < 4; ++i)
-        if (out[i] != want[i]) return 0;
-    }
-  return 1;
 }
 
 /* workers for a row loop over n elements: one below ~32k (as the pointwise kernel) */

@@ -34,6 +34,8 @@
 #include <string.h>
 #include <stdlib.h>
 
+#include "_blas.h"
+
 #define TGL_PW_ABI 11
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -324,48 +326,12 @@ int tgl_rows_equal(int64_t U, int64_t w, const float *a, int64_t lda, const floa
 /* ------------------------------------------------------------------------------------
  * TGN's GRU cell (tgl_dist.nn._pointwise.GRUCell with own_state: the input is
  * [h || x0 || x1]) as one call each way: its products through the sgemm_ torch's own CPU
- * products call (set once with tgl_pw_set_sgemm; the same helper as the attention
+ * products call (set once with tgl_pw_set_sgemm; gemm from _blas.h, as the attention
  * kernel's), the gate passes above, and the small operations (the input's concatenation,
  * the summed r/z weights, bias sums) as loops.
  * ------------------------------------------------------------------------------------ */
-typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
-                         const float *, const float *, const int *, const float *, const int *,
-                         const float *, float *, const int *);
-static sgemm_fn SGEMM = NULL;
-
 int tgl_pw_set_sgemm(void *fn) { SGEMM = (sgemm_fn)fn; return SGEMM != NULL; }
-
-/* row-major C [m, n] = op(A) op(B) + beta C (ta / tb = 1: A / B stored transposed), as
- * the column-major C^T = op(B)^T op(A)^T: the call torch's own row-major products make */
-static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
-                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
-    return;
-  }
-  const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
-  const int M = (int)n, N = (int)m, K = (int)k, la = (int)ldb, lb = (int)lda, lc = (int)ldc;
-  const float one = 1.f;
-  SGEMM(&cb, &ca, &M, &N, &K, &one, B, &la, A, &lb, &beta, C, &lc);
-}
-
-/* 1 when gemm computes a 2 x 3 by 3 x 2 product right in all four transpose cases */
-int tgl_pw_gemm_check(void) {
-  if (!SGEMM) return 0;
-  const float a[6] = {1, 2, 3, 4, 5, 6}, at[6] = {1, 4, 2, 5, 3, 6};
-  const float b[6] = {7, 8, 9, 10, 11, 12}, bt[6] = {7, 9, 11, 8, 10, 12};
-  const float want[4] = {58, 64, 139, 154};
-  for (int ta = 0; ta < 2; ++ta)
-    for (int tb = 0; tb < 2; ++tb) {
-      float out[4] = {1, 1, 1, 1};
-      gemm(ta, tb, 2, 2, 3, ta ? at : a, ta ? 2 : 3, tb ? bt : b, tb ? 3 : 2, 0.f, out, 2);
-      for (int i = 0; i < 4; ++i)
-        if (out[i] != want[i]) return 0;
-    }
-  return 1;
-}
+int tgl_pw_gemm_check(void) { return gemm_check(); }
 
 /* Forward: x0 [U, F0] (row stride ld0), x1 [U, F1], h [U, H]; W_ih [3H, H + F], W_hh
  * [3H, H], b_ih, b_hh [3H] (F = F0 + F1). Writes x = [x0 || x1] [U, F], w_own [4H, H]

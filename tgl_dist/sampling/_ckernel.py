@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -90,6 +91,8 @@ def build(cc: Sequence[str], directory: Path, source: Path = SOURCE,
         OSError: the source cannot be read or nothing can be written.
     """
     code = source.read_bytes()
+    for name in re.findall(rb'^#include "([^"]+)"', code, re.M):   # local headers count too
+        code += b"\0" + (source.parent / name.decode()).read_bytes()
     key = hashlib.sha256(b"\0".join([code, " ".join(cc).encode(), " ".join([*flags, *libs]).encode(),
                                      sys.platform.encode(), platform.machine().encode()])).hexdigest()[:16]
     out = directory / f"{source.stem.lstrip('_')}-{key}.so"

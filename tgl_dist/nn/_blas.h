@@ -1,0 +1,50 @@
+/* torch's own BLAS for the model kernels' whole-node calls (_attention.c, _pointwise.c).
+ *
+ * The kernel library is handed the address of the Fortran sgemm_ libtorch_cpu exports
+ * (tgl_dist/sampling/_ckernel.py: set_blas), the one torch's own CPU products call, and
+ * checks it on a small product (gemm_check) before any node uses it. Included by each
+ * kernel source (the build cache hashes included local headers with the source).
+ */
+#ifndef TGL_BLAS_H
+#define TGL_BLAS_H
+#include <stdint.h>
+
+typedef void (*sgemm_fn)(const char *, const char *, const int *, const int *, const int *,
+                         const float *, const float *, const int *, const float *, const int *,
+                         const float *, float *, const int *);
+static sgemm_fn SGEMM = 0;
+
+/* row-major C [m, n] = op(A) op(B) + beta C, op(A) [m, k], op(B) [k, n]; ta = 0: A is
+ * stored [m, k] (row stride lda), ta = 1: A is stored [k, m] (op = transpose); same for B.
+ * A row-major matrix is the column-major transpose, so this is the column-major
+ * C^T = op(B)^T op(A)^T: the call torch's own row-major products make. */
+static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
+    return;
+  }
+  const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
+  const int M = (int)n, N = (int)m, K = (int)k, la = (int)ldb, lb = (int)lda, lc = (int)ldc;
+  const float one = 1.f;
+  SGEMM(&cb, &ca, &M, &N, &K, &one, B, &la, A, &lb, &beta, C, &lc);
+}
+
+/* 1 when gemm computes a 2 x 3 by 3 x 2 product right in all four transpose cases */
+static int gemm_check(void) {
+  if (!SGEMM) return 0;
+  const float a[6] = {1, 2, 3, 4, 5, 6}, at[6] = {1, 4, 2, 5, 3, 6};      /* A [2, 3], A^T */
+  const float b[6] = {7, 8, 9, 10, 11, 12}, bt[6] = {7, 9, 11, 8, 10, 12}; /* B [3, 2], B^T */
+  const float want[4] = {58, 64, 139, 154};
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      float out[4] = {1, 1, 1, 1};
+      gemm(ta, tb, 2, 2, 3, ta ? at : a, ta ? 2 : 3, tb ? bt : b, tb ? 3 : 2, 0.f, out, 2);
+      for (int i = 0; i < 4; ++i)
+        if (out[i] != want[i]) return 0;
+    }
+  return 1;
+}
+#endif
