@@ -143,8 +143,8 @@ class GRUMemoryUpdater(_CellUpdater):
             mail = srcdata["mail"].flatten(1)  # [S, d_mail] (K = 1); S may be 0
             params = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
             own = _starts_with(mail, mem)
-            te = self.time_enc.w
             if own and isinstance(self.time_enc, TimeEncode):
+                te = self.time_enc.w
                 lib = whole_time_cell(mail[:, H:], dt, mem, *params, te.weight, te.bias)
                 if lib is not None:   # the encoding inside the cell's compiled calls
                     return GRUTimeCell.apply(mail[:, H:], dt, mem, *params, te.weight,

@@ -30,7 +30,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library, set_blas
+from tgl_dist.sampling._ckernel import (LazyKernel, data_ptr as _ptr, load_openmp,
+                                       open_library, set_blas)
 
 SOURCE = Path(__file__).with_name("_attention.c")
 ABI = 7
@@ -81,10 +82,6 @@ def get_attention_kernel() -> Optional[ctypes.CDLL]:
 def kernel_usable(*tensors: Optional[Tensor]) -> bool:
     """Whether the kernel applies: float32 tensors on the CPU."""
     return all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors)
-
-
-def _ptr(t: Optional[Tensor]):
-    return None if t is None else t.data_ptr()
 
 
 def csr_from_dst(dst: Tensor, num_dst: int) -> Optional[Tensor]:

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from tgl_dist.nn._attention_kernel import index_add_rows, segment_backward, segment_forward
 from tgl_dist.nn._pointwise import time_encoding_forward
+from tgl_dist.sampling._ckernel import data_ptr as _ptr
 
 
 def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
@@ -225,10 +226,6 @@ def _whole_layer(att, *tensors: Optional[Tensor]) -> bool:
         for t in tensors)
 
 
-def _p(t: Optional[Tensor]):
-    return None if t is None else t.data_ptr()
-
-
 def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw, te_w, te_b,
                    w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps, keep_sin):
     """:func:`attention_layer` as one call of ``tgl_att_layer_fwd`` (after the edges' time
@@ -246,7 +243,7 @@ def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw,
     r, mean, rstd, z = e(D, d), e(D), e(D), e(D, d)
     rc = att.tgl_att_layer_fwd(
         D, M, U, H, dn, cx, d, dtd, h.data_ptr(), dst_rows.data_ptr(), idx.data_ptr(),
-        x.data_ptr(), ptr.data_ptr(), _p(att_mask), _p(out_mask), 0.2, c0.data_ptr(),
+        x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2, c0.data_ptr(),
         w_q.data_ptr(), b_q.data_ptr(), w_kv.data_ptr(), b_kv.data_ptr(), w_o.data_ptr(),
         b_o.data_ptr(), ln_w.data_ptr(), ln_b.data_ptr(), float(ln_eps), vh.data_ptr(),
         q.data_ptr(), qk.data_ptr(), qb.data_ptr(), s.data_ptr(), alpha.data_ptr(),
@@ -280,15 +277,15 @@ def _whole_backward(ctx, gz: Tensor):
     g_asum, g_qb, g_q, g_xh, tmp = e(D, H), e(D, H), e(D, d), e(M, dn), e(M, H)
     rc = att.tgl_att_layer_bwd(
         D, M, U, H, dn, cx, d, dtd, gz.data_ptr(), h.data_ptr(), dst_rows.data_ptr(),
-        idx.data_ptr(), x.data_ptr(), ptr.data_ptr(), _p(att_mask), _p(out_mask), 0.2,
-        dt.data_ptr(), _p(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
+        idx.data_ptr(), x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2,
+        dt.data_ptr(), _ptr(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
         w_kv.data_ptr(), b_kv.data_ptr(), w_o.data_ptr(), ln_w.data_ptr(), vh.data_ptr(),
         q.data_ptr(), qk.data_ptr(), s.data_ptr(), alpha.data_ptr(), agg.data_ptr(),
         asum.data_ptr(), r.data_ptr(), mean.data_ptr(), rstd.data_ptr(), g_h.data_ptr(),
         g_wq.data_ptr(), g_bq.data_ptr(), g_wkv.data_ptr(), g_bkv.data_ptr(), g_wo.data_ptr(),
-        g_bo.data_ptr(), g_lnw.data_ptr(), g_lnb.data_ptr(), _p(g_tw), _p(g_tb), go.data_ptr(),
+        g_bo.data_ptr(), g_lnw.data_ptr(), g_lnb.data_ptr(), _ptr(g_tw), _ptr(g_tb), go.data_ptr(),
         g_vh.data_ptr(), g_agg.data_ptr(), g_qk.data_ptr(), g_asum.data_ptr(), g_qb.data_ptr(),
-        g_q.data_ptr(), g_xh.data_ptr(), tmp.data_ptr(), _p(part), max(1, int(att.threads())))
+        g_q.data_ptr(), g_xh.data_ptr(), tmp.data_ptr(), _ptr(part), max(1, int(att.threads())))
     if rc != 0:
         raise RuntimeError(f"attention layer: the compiled backward failed ({rc})")
     return (g_h if need[0] else None, None, None, None, None, None, None, None, None, None,

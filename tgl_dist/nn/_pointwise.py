@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library, set_blas
+from tgl_dist.sampling._ckernel import (LazyKernel, data_ptr as _ptr, load_openmp,
+                                       open_library, set_blas)
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
 ABI = 11
@@ -299,13 +300,29 @@ def _whole_cell(lib, x0: Tensor, x1: Tensor, h: Tensor, *params: Tensor) -> bool
             and h.is_contiguous() and all(p.is_contiguous() for p in params))
 
 
+def _cell_outputs(U: int, H: int, F: int):
+    """The compiled cells' forward outputs: ``x [U, F]`` (the input after ``h``), ``w_own
+    [4H, H]``, ``hh [U, 4H]``, ``h' [U, H]`` and ``r, z, n [U, 3H]``."""
+    e = torch.empty
+    return e(U, F), e(4 * H, H), e(U, 4 * H), e(U, H), e(U, 3 * H)
+
+
+def _cell_grads(need, U: int, H: int, f0: int, w_ih: Tensor):
+    """The compiled cells' gradient buffers, each only where ``need`` (the autograd
+    node's ``needs_input_grad``: 0 ``x0``, 2 ``h``, 3-6 the cell's parameters) asks:
+    ``(g_x0, g_h, g_wih, g_whh, g_bih, g_bhh)``."""
+    e = torch.empty
+    return (e(U, f0) if need[0] else None, e(U, H) if need[2] else None,
+            torch.empty_like(w_ih) if need[3] else None, e(3 * H, H) if need[4] else None,
+            e(3 * H) if need[5] else None, e(3 * H) if need[6] else None)
+
+
 def _whole_cell_forward(lib, x0, x1, h, w_ih, w_hh, b_ih, b_hh):
     """The own-state forward as ``tgl_gru_cell_fwd``: ``(h' [U, H], saved)`` in the torch
     form's layout (``x = [x0 || x1]``, ``h``, ``hh [U, 4H]``, ``r, z, n``, ``W_ih``,
     ``w_own``), which either backward reads."""
     (U, H), F0, F1 = h.shape, x0.size(1), x1.size(1)
-    x, w_own, hh = torch.empty(U, F0 + F1), torch.empty(4 * H, H), torch.empty(U, 4 * H)
-    out, saved = torch.empty(U, H), torch.empty(U, 3 * H)
+    x, w_own, hh, out, saved = _cell_outputs(U, H, F0 + F1)
     rc = lib.tgl_gru_cell_fwd(U, H, F0, F1, x0.data_ptr(), x0.stride(0) if U else F0,
                               x1.data_ptr(), h.data_ptr(), w_ih.data_ptr(), w_hh.data_ptr(),
                               b_ih.data_ptr(), b_hh.data_ptr(), x.data_ptr(), w_own.data_ptr(),
@@ -321,15 +338,9 @@ def _whole_cell_backward(ctx, g: Tensor):
     need = ctx.needs_input_grad
     (U, H), f0 = h.shape, ctx.f0
     f1 = x.size(1) - f0
-    e = torch.empty
-    g_h = e(U, H) if need[2] else None
-    g_x0 = e(U, f0) if need[0] else None
-    g_x1 = e(U, f1) if need[1] else None
-    g_wih = torch.empty_like(w_ih) if need[3] else None
-    g_whh = e(3 * H, H) if need[4] else None
-    g_bih = e(3 * H) if need[5] else None
-    g_bhh = e(3 * H) if need[6] else None
-    g, g_all = g.contiguous(), e(U, 4 * H)   # named: alive through the call
+    g_x0, g_h, g_wih, g_whh, g_bih, g_bhh = _cell_grads(need, U, H, f0, w_ih)
+    g_x1 = torch.empty(U, f1) if need[1] else None
+    g, g_all = g.contiguous(), torch.empty(U, 4 * H)   # named: alive through the call
     rc = ctx.lib.tgl_gru_cell_bwd(
         U, H, f0, f1, g.data_ptr(), x.data_ptr(), h.data_ptr(), hh.data_ptr(),
         saved.data_ptr(), w_ih.data_ptr(), w_own.data_ptr(), _ptr(g_h), _ptr(g_x0), _ptr(g_x1),
@@ -354,9 +365,8 @@ class GRUTimeCell(torch.autograd.Function):
     def forward(ctx, x0: Tensor, dt: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor,
                 b_ih: Tensor, b_hh: Tensor, te_w: Tensor, te_b: Tensor, lib) -> Tensor:
         (U, H), F0, F1 = h.shape, x0.size(1), te_w.numel()
-        e = torch.empty
-        x, w_own, hh, out, saved = e(U, F0 + F1), e(4 * H, H), e(U, 4 * H), e(U, H), e(U, 3 * H)
-        sinz = e(U, F1) if (ctx.needs_input_grad[7] or ctx.needs_input_grad[8]) else None
+        x, w_own, hh, out, saved = _cell_outputs(U, H, F0 + F1)
+        sinz = torch.empty(U, F1) if (ctx.needs_input_grad[7] or ctx.needs_input_grad[8]) else None
         rc = lib.tgl_gru_time_cell_fwd(U, H, F0, F1, x0.data_ptr(), x0.stride(0) if U else F0,
                                        dt.data_ptr(), te_w.data_ptr(), te_b.data_ptr(),
                                        _ptr(sinz), h.data_ptr(), w_ih.data_ptr(),
@@ -377,12 +387,7 @@ class GRUTimeCell(torch.autograd.Function):
         f1 = x.size(1) - f0
         e = torch.empty
         te = sinz is not None
-        g_h = e(U, H) if need[2] else None
-        g_x0 = e(U, f0) if need[0] else None
-        g_wih = torch.empty_like(w_ih) if need[3] else None
-        g_whh = e(3 * H, H) if need[4] else None
-        g_bih = e(3 * H) if need[5] else None
-        g_bhh = e(3 * H) if need[6] else None
+        g_x0, g_h, g_wih, g_whh, g_bih, g_bhh = _cell_grads(need, U, H, f0, w_ih)
         g_tw, g_tb = (torch.empty_like(te_w), e(f1)) if te else (None, None)
         g_x1 = e(U, f1) if te else None
         acc = e(lib.tgl_time_enc_bwd_scratch(U, f1), dtype=torch.float64) if te else None
@@ -422,10 +427,6 @@ def rows_equal(a: Tensor, b: Tensor) -> bool:
         return torch.equal(a, b)
     return bool(lib.tgl_rows_equal(a.size(0), a.size(1), a.data_ptr(), a.stride(0),
                                    b.data_ptr(), b.stride(0)))
-
-
-def _ptr(t: Optional[Tensor]):
-    return None if t is None else t.data_ptr()
 
 
 def own_state_weights(w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor):

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from tgl_dist.nn._attention_kernel import get_attention_kernel, index_add_rows
+from tgl_dist.sampling._ckernel import data_ptr
 
 
 class EdgePredictor(nn.Module):
@@ -148,7 +149,7 @@ class ScoreRows(torch.autograd.Function):
             rc = ctx.lib.tgl_score_bwd(B, n, ctx.rows, d, g.data_ptr(), src.data_ptr(),
                                        dst.data_ptr(), hs.data_ptr(), hd.data_ptr(),
                                        z.data_ptr(), w_s.data_ptr(), w_d.data_ptr(),
-                                       w_o.data_ptr(), None if g_emb is None else g_emb.data_ptr(),
+                                       w_o.data_ptr(), data_ptr(g_emb),
                                        g_ws.data_ptr(), g_bs.data_ptr(), g_wd.data_ptr(),
                                        g_bd.data_ptr(), g_wo.data_ptr(), g_bo.data_ptr(),
                                        gz.data_ptr(), gs.data_ptr(), tmp.data_ptr())

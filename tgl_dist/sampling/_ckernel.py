@@ -344,6 +344,12 @@ def _torch_cpu() -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
 
 
+def data_ptr(t) -> Optional[int]:
+    """``t.data_ptr()``, or ``None`` (a C ``NULL``) for ``t = None``: a kernel's optional
+    array argument."""
+    return None if t is None else t.data_ptr()
+
+
 def torch_sgemm() -> Optional[int]:
     """The address of the ``sgemm_`` torch's own CPU matrix products call (the BLAS linked
     into ``libtorch_cpu`` and exported by it, as in the PyPI wheels: MKL on x86-64), or
