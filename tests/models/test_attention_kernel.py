@@ -403,7 +403,8 @@ def test_whole_layer_call_equals_the_layer_in_torch_ops(monkeypatch, dim_edge, n
     """tgl_att_layer_fwd / _bwd (one compiled call each way) against the same autograd
     node running its torch operators around the kernel: outputs and the gradients of
     the node rows and of every parameter (the time encoding's frozen or not), with and
-    without both dropouts, a destination without edges included."""
+    without both dropouts, a destination without edges and destinations reading the same
+    node row (the compiled call computes their query side once) included."""
     torch.manual_seed(0)
     layer = TemporalAttention(8, dim_edge, 4, 8, num_head=num_head, dropout=dropout,
                               att_dropout=dropout).train()
@@ -412,6 +413,7 @@ def test_whole_layer_call_equals_the_layer_in_torch_ops(monkeypatch, dim_edge, n
     _, mfgs, _ = make_batch(6, 30, [4], dim_edge=dim_edge, seed=2)
     b = mfgs[0]
     rows = torch.randint(0, 7, (b.num_src,))
+    rows[2:b.num_dst:2] = rows[0]   # destinations sharing a node row share their query side
     h = torch.randn(7, 8, requires_grad=True)
     params = [p for p in layer.parameters() if p.requires_grad]
     res = []

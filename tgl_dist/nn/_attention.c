@@ -42,7 +42,7 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 7; }
+int64_t tgl_att_abi(void) { return 8; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -55,6 +55,7 @@ typedef struct {
   int64_t D, H, Cx, dn, cx, U;   /* Cx = dn + cx */
   const int64_t *ptr, *idx;
   const float *qx, *qb, *hs, *X, *mask;
+  const int64_t *qmap;   /* destination d reads qx, qb row qmap[d] (NULL: row d) */
   int act; float slope;
   /* forward outputs (s, alpha are kept for the backward) */
   float *s, *alpha, *aggx, *asum;
@@ -174,13 +175,13 @@ TGL_CLONES static void fwd_range(const job_t *j) {
   rows_t b;
   if (!rows_alloc(&b, j)) abort();
   for (int64_t d = j->d0; d < j->d1; ++d) {
-    const int64_t lo = j->ptr[d], hi = j->ptr[d + 1];
-    const float *qd = j->qx + d * H * Cx;
+    const int64_t lo = j->ptr[d], hi = j->ptr[d + 1], dq = j->qmap ? j->qmap[d] : d;
+    const float *qd = j->qx + dq * H * Cx;
     float *agg = j->aggx + d * H * Cx;
     for (int64_t h = 0; h < H; ++h) { mx[h] = -INFINITY; sum[h] = 0.f; as[h] = 0.f; }
     for (int64_t e = lo; e < hi; ++e) {
       for (int64_t h = 0; h < H; ++h) {
-        const float sc = rdot(j, qd + h * Cx, e) + (j->qb ? j->qb[d * H + h] : 0.f);
+        const float sc = rdot(j, qd + h * Cx, e) + (j->qb ? j->qb[dq * H + h] : 0.f);
         j->s[e * H + h] = sc;
         const float z = (j->act && sc < 0.f) ? j->slope * sc : sc;
         j->alpha[e * H + h] = z;
@@ -247,9 +248,9 @@ TGL_CLONES static void bwd_range(const job_t *j) {
   rows_t b;
   if (!rows_alloc(&b, j) || (td && !gt)) abort();
   for (int64_t d = j->d0; d < j->d1; ++d) {
-    const int64_t lo = j->ptr[d], hi = j->ptr[d + 1];
+    const int64_t lo = j->ptr[d], hi = j->ptr[d + 1], dq = j->qmap ? j->qmap[d] : d;
     const float *gad = j->g_aggx + d * H * Cx;
-    const float *qd = j->qx + d * H * Cx;
+    const float *qd = j->qx + dq * H * Cx;
     float *gq = j->g_qx + d * H * Cx;
     for (int64_t h = 0; h < H; ++h) { dotag[h] = 0.f; gb[h] = 0.f; }
     for (int64_t c = 0; c < 2 * td; ++c) gt[td + c] = 0.f;   /* this destination's te sums */
@@ -465,6 +466,40 @@ static inline float sum_f(const float *a, int64_t n) {   /* fixed order, as dot(
   return r;
 }
 
+/* the distinct values of rows [n] (each in 0 .. U-1), in order of first occurrence: first
+ * [k] (k of them, returned) and map [n] with rows[i] = first[map[i]]; map[i] <= i */
+static int64_t distinct_rows(const int64_t *rows, int64_t n, int64_t U, int64_t *map,
+                             int64_t *first) {
+  int64_t *slot = malloc((size_t)(U > 0 ? U : 1) * sizeof(int64_t));
+  if (!slot) abort();
+  for (int64_t u = 0; u < U; ++u) slot[u] = -1;
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows[i];
+    if (slot[r] < 0) { slot[r] = k; first[k++] = r; }
+    map[i] = slot[r];
+  }
+  free(slot);
+  return k;
+}
+
+/* rows [n, w] -> the sum of the rows i with map[i] = k into row k (k < the returned count),
+ * in place, in order of i (map from distinct_rows: map[i] <= i, and a row is read before it
+ * is overwritten) */
+static void sum_rows_by_map(float *rows, int64_t n, int64_t w, const int64_t *map) {
+  int64_t k = 0;   /* distinct rows started so far */
+  for (int64_t i = 0; i < n; ++i) {
+    float *to = rows + map[i] * w;
+    const float *from = rows + i * w;
+    if (map[i] == k) {   /* first occurrence of row k */
+      if (k != i) memcpy(to, from, (size_t)w * sizeof(float));
+      ++k;
+    } else {
+      for (int64_t t = 0; t < w; ++t) to[t] += from[t];
+    }
+  }
+}
+
 /* one row of r = ReLU(o * mask) (in place) and z = LayerNorm(r): mean, then the mean of
  * the squared deviations (biased), rstd = 1 / sqrt(var + eps) */
 TGL_CLONES static void ln_fwd_row(float *restrict r, float *restrict z, const float *mask,
@@ -504,10 +539,12 @@ static int rows_in_range(const int64_t *ix, int64_t n, int64_t rows) {
 }
 
 /* Forward. Writes z [D, d] and what the backward reads: vh [D, d + dn] = [v || h_dst],
- * q [D, d], qk [D, H, C], qb [D, H], s, alpha [M, H], agg [D, H, C], asum [D, H],
- * r [D, d] (the LayerNorm's input), mean, rstd [D]. att_mask [M, H], out_mask [D, d]:
- * dropout multipliers or NULL. Returns 0, -1 for an index outside its table, -2 without
- * a BLAS. */
+ * the query side once per distinct destination row (*nq = Dq of them: qrows [Dq] the rows
+ * of h, qmap [D] destination i's among them, hq [Dq, dn] their rows of h, q [Dq, d],
+ * qk [Dq, H, C], qb [Dq, H]; each buffer sized for D), s, alpha [M, H], agg [D, H, C],
+ * asum [D, H], r [D, d] (the LayerNorm's input), mean, rstd [D]. att_mask [M, H],
+ * out_mask [D, d]: dropout multipliers or NULL. Returns 0, -1 for an index outside its
+ * table, -2 without a BLAS. */
 int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, int64_t cx,
                       int64_t d, int64_t dtd, const float *h, const int64_t *dst_rows,
                       const int64_t *idx, const float *X, const int64_t *ptr,
@@ -516,13 +553,20 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
                       const float *b_kv, const float *w_o, const float *b_o,
                       const float *ln_w, const float *ln_b, float eps, float *vh, float *q,
                       float *qk, float *qb, float *s, float *alpha, float *agg, float *asum,
-                      float *r, float *mean, float *rstd, float *z, int threads) {
+                      float *r, float *mean, float *rstd, float *z, int64_t *qmap,
+                      int64_t *qrows, float *hq, int64_t *nq, int threads) {
   if (!SGEMM) return -2;
   if (!rows_in_range(dst_rows, D, U) || !rows_in_range(idx, M, U)) return -1;
   const int64_t c = d / H, C = dn + cx, lv = d + dn, lq = dn + dtd;
   /* [v || h_dst]: the destinations' node rows */
   for (int64_t i = 0; i < D; ++i)
     memcpy(vh + i * lv + d, h + dst_rows[i] * dn, (size_t)dn * sizeof(float));
+  /* the query side depends on the destination's node row alone: it is computed once per
+   * distinct row (Dq of them, hq [Dq, dn]; destination i reads row qmap[i]) */
+  const int64_t Dq = distinct_rows(dst_rows, D, U, qmap, qrows);
+  *nq = Dq;
+  for (int64_t k = 0; k < Dq; ++k)
+    memcpy(hq + k * dn, h + qrows[k] * dn, (size_t)dn * sizeof(float));
   /* q = W_q [h_dst || phi(0)] + b_q: the constant part once, then one product */
   float *qbias = malloc((size_t)d * sizeof(float));
   if (!qbias) abort();
@@ -531,20 +575,20 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
     for (int64_t t = 0; t < dtd; ++t) acc += w_q[o * lq + dn + t] * c0[t];
     qbias[o] = b_q[o] + acc;
   }
-  fill_rows(q, D, d, d, qbias);
+  fill_rows(q, Dq, d, d, qbias);
   free(qbias);
-  gemm(0, 1, D, d, dn, vh + d, lv, w_q, lq, 1.f, q, d);
-  /* per head: W_k,h^T q_h [D, C] (into the [D, H, C] layout) and q_h . b_k,h */
+  gemm(0, 1, Dq, d, dn, hq, dn, w_q, lq, 1.f, q, d);
+  /* per head: W_k,h^T q_h [Dq, C] (into the [Dq, H, C] layout) and q_h . b_k,h */
   for (int64_t j = 0; j < H; ++j)
-    gemm(0, 0, D, C, c, q + j * c, d, w_kv + j * c * C, C, 0.f, qk + j * C, H * C);
-  for (int64_t i = 0; i < D; ++i)
+    gemm(0, 0, Dq, C, c, q + j * c, d, w_kv + j * c * C, C, 0.f, qk + j * C, H * C);
+  for (int64_t i = 0; i < Dq; ++i)
     for (int64_t j = 0; j < H; ++j) qb[i * H + j] = dot(q + i * d + j * c, b_kv + j * c, c);
   /* the edges: scores, softmax, weighted sums of the input rows */
   job_t jb;
   memset(&jb, 0, sizeof jb);
   jb.D = D; jb.H = H; jb.dn = dn; jb.cx = cx; jb.Cx = C; jb.ptr = ptr; jb.qx = qk; jb.qb = qb;
   jb.hs = h; jb.idx = idx; jb.X = cx ? X : NULL; jb.mask = att_mask; jb.act = 1;
-  jb.slope = slope; jb.s = s; jb.alpha = alpha; jb.aggx = agg; jb.asum = asum;
+  jb.slope = slope; jb.s = s; jb.alpha = alpha; jb.aggx = agg; jb.asum = asum; jb.qmap = qmap;
   run(&jb, threads, fwd_range);
   /* v_h = W_v,h agg_h + b_v,h asum_h, per head into vh's columns */
   const float *w_v = w_kv + d * C, *b_v = b_kv + d;
@@ -566,11 +610,12 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   return 0;
 }
 
-/* Backward of tgl_att_layer_fwd from gz [D, d] and its saved tensors. Writes g_h [U, dn],
- * g_wq, g_bq, g_wkv, g_bkv, g_wo, g_bo, g_lnw, g_lnb (the parameters' shapes) and, when
- * sinz is not NULL (td = dtd > 0: phi's w and b want a gradient), g_tw, g_tb [dtd].
- * Scratch: go [D, d], g_vh [D, d + dn], g_agg, g_qk [D, H, C], g_asum, g_qb [D, H],
- * g_q [D, d], g_xh [M, dn], tmp [M, H], te_part [D, 2 dtd]. Returns 0, or -2 without a BLAS. */
+/* Backward of tgl_att_layer_fwd from gz [D, d] and its saved tensors (Dq, qmap, qrows, hq
+ * as the forward wrote them). Writes g_h [U, dn], g_wq, g_bq, g_wkv, g_bkv, g_wo, g_bo,
+ * g_lnw, g_lnb (the parameters' shapes) and, when sinz is not NULL (td = dtd > 0: phi's w
+ * and b want a gradient), g_tw, g_tb [dtd]. Scratch: go [D, d], g_vh [D, d + dn], g_agg,
+ * g_qk [D, H, C], g_asum, g_qb [D, H], g_q [Dq, d], g_hq [Dq, dn], g_xh [M, dn],
+ * tmp [M, H], te_part [D, 2 dtd]. Returns 0, or -2 without a BLAS. */
 int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, int64_t cx,
                       int64_t d, int64_t dtd, const float *gz, const float *h,
                       const int64_t *dst_rows, const int64_t *idx, const float *X,
@@ -585,7 +630,8 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
                       float *g_bo, float *g_lnw, float *g_lnb, float *g_tw, float *g_tb,
                       float *go, float *g_vh, float *g_agg, float *g_qk, float *g_asum,
                       float *g_qb, float *g_q, float *g_xh, float *tmp, float *te_part,
-                      int threads) {
+                      int64_t Dq, const int64_t *qmap, const int64_t *qrows, const float *hq,
+                      float *g_hq, int threads) {
   if (!SGEMM) return -2;
   const int64_t c = d / H, C = dn + cx, lv = d + dn, lq = dn + dtd;
   /* LayerNorm, ReLU and the output dropout: go = d loss / d o */
@@ -624,7 +670,7 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   jb.hs = h; jb.idx = idx; jb.X = cx ? X : NULL; jb.mask = att_mask; jb.act = 1;
   jb.slope = slope; jb.s = (float *)s; jb.alpha = (float *)alpha; jb.g_aggx = g_agg;
   jb.g_asum = g_asum; jb.g_qx = g_qk; jb.g_qb = g_qb; jb.g_X = NULL; jb.g_xh = g_xh;
-  jb.g_hs = g_h; jb.tmp = tmp;
+  jb.g_hs = g_h; jb.tmp = tmp; jb.qmap = qmap;
   if (td > 0 && td <= cx) { jb.td = td; jb.dt = dt; jb.sinz = sinz; jb.te_part = te_part; }
   run(&jb, threads, bwd_range);
   run(&jb, threads, scatter_range);
@@ -636,25 +682,32 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
     for (int64_t t = 0; t < td; ++t) { g_tw[t] = (float)tacc[t]; g_tb[t] = (float)tacc[td + t]; }
     free(tacc);
   }
+  /* the query side, per distinct destination row: the destinations' g_qk, g_qb summed */
+  if (Dq < D) {
+    sum_rows_by_map(g_qk, D, H * C, qmap);
+    sum_rows_by_map(g_qb, D, H, qmap);
+  }
   /* qk_h = W_k,h^T q_h, qb_h = q_h . b_k,h */
   for (int64_t j = 0; j < H; ++j) {
-    gemm(0, 1, D, c, C, g_qk + j * C, H * C, w_kv + j * c * C, C, 0.f, g_q + j * c, d);
-    gemm(1, 0, c, C, D, q + j * c, d, g_qk + j * C, H * C, 0.f, g_wkv + j * c * C, C);
+    gemm(0, 1, Dq, c, C, g_qk + j * C, H * C, w_kv + j * c * C, C, 0.f, g_q + j * c, d);
+    gemm(1, 0, c, C, Dq, q + j * c, d, g_qk + j * C, H * C, 0.f, g_wkv + j * c * C, C);
     float *gb = g_bkv + j * c;
     for (int64_t t = 0; t < c; ++t) gb[t] = 0.f;
-    for (int64_t i = 0; i < D; ++i) {
+    for (int64_t i = 0; i < Dq; ++i) {
       const float a = g_qb[i * H + j], *qi = q + i * d + j * c;
       float *gq = g_q + i * d + j * c;
       for (int64_t t = 0; t < c; ++t) { gb[t] += a * qi[t]; gq[t] += a * b_kv[j * c + t]; }
     }
   }
   /* q = W_q [h_dst || phi(0)] + b_q */
-  gemm(1, 0, d, dn, D, g_q, d, vh + d, lv, 0.f, g_wq, lq);
-  col_sums(g_bq, g_q, D, d, d);
+  gemm(1, 0, d, dn, Dq, g_q, d, hq, dn, 0.f, g_wq, lq);
+  col_sums(g_bq, g_q, Dq, d, d);
   for (int64_t o = 0; o < d; ++o)
     for (int64_t t = 0; t < dtd; ++t) g_wq[o * lq + dn + t] = g_bq[o] * c0[t];
-  gemm(0, 0, D, dn, d, g_q, d, w_q, lq, 1.f, g_vh + d, lv);   /* g_hdst += g_q W_q,h */
+  gemm(0, 0, Dq, dn, d, g_q, d, w_q, lq, 0.f, g_hq, dn);       /* g_q W_q,h */
+  /* g_h: W_o's part per destination, then W_q's per distinct row (each in order) */
   for (int64_t i = 0; i < D; ++i) axpy(g_h + dst_rows[i] * dn, 1.f, g_vh + i * lv + d, dn);
+  for (int64_t k = 0; k < Dq; ++k) axpy(g_h + qrows[k] * dn, 1.f, g_hq + k * dn, dn);
   /* phi(0) = cos(b) in the query: its part of g_b */
   if (td) {
     for (int64_t t = 0; t < dtd; ++t) {

@@ -241,6 +241,8 @@ def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw,
     vh, q, qk, qb = e(D, d + dn), e(D, d), e(D, H, C), e(D, H)
     s, alpha, agg, asum = e(M, H), e(M, H), e(D, H, C), e(D, H)
     r, mean, rstd, z = e(D, d), e(D), e(D), e(D, d)
+    i64 = torch.int64   # the query side's distinct rows (the first nq[0] of each buffer)
+    qmap, qrows, hq, nq = e(D, dtype=i64), e(D, dtype=i64), e(D, dn), e(1, dtype=i64)
     rc = att.tgl_att_layer_fwd(
         D, M, U, H, dn, cx, d, dtd, h.data_ptr(), dst_rows.data_ptr(), idx.data_ptr(),
         x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2, c0.data_ptr(),
@@ -248,19 +250,22 @@ def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw,
         b_o.data_ptr(), ln_w.data_ptr(), ln_b.data_ptr(), float(ln_eps), vh.data_ptr(),
         q.data_ptr(), qk.data_ptr(), qb.data_ptr(), s.data_ptr(), alpha.data_ptr(),
         agg.data_ptr(), asum.data_ptr(), r.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
-        z.data_ptr(), max(1, int(att.threads())))
+        z.data_ptr(), qmap.data_ptr(), qrows.data_ptr(), hq.data_ptr(), nq.data_ptr(),
+        max(1, int(att.threads())))
     if rc == -1:
         raise IndexError(f"attention layer: destination or edge rows must lie in 0..{U - 1}")
     if rc != 0:
         raise RuntimeError(f"attention layer: the compiled call failed ({rc})")
     return z, (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s,
-               alpha, agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b)
+               alpha, agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b,
+               qmap, qrows, hq, nq)
 
 
 def _whole_backward(ctx, gz: Tensor):
     """:meth:`AttentionLayer.backward` as one call of ``tgl_att_layer_bwd``."""
     (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s, alpha, agg,
-     asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b) = ctx.saved_tensors
+     asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b, qmap, qrows, hq,
+     nq) = ctx.saved_tensors
     need = ctx.needs_input_grad
     H, att = ctx.H, ctx.att
     (D, d), (M, _), (U, dn) = q.shape, s.shape, h.shape
@@ -275,6 +280,8 @@ def _whole_backward(ctx, gz: Tensor):
     g_tw, g_tb, part = (e(dtd), e(dtd), e(D, 2 * dtd)) if te else (None, None, None)
     go, g_vh, g_agg, g_qk = e(D, d), e(D, d + dn), e(D, H, C), e(D, H, C)
     g_asum, g_qb, g_q, g_xh, tmp = e(D, H), e(D, H), e(D, d), e(M, dn), e(M, H)
+    Dq = int(nq[0])
+    g_hq = e(Dq, dn)
     rc = att.tgl_att_layer_bwd(
         D, M, U, H, dn, cx, d, dtd, gz.data_ptr(), h.data_ptr(), dst_rows.data_ptr(),
         idx.data_ptr(), x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2,
@@ -285,7 +292,8 @@ def _whole_backward(ctx, gz: Tensor):
         g_wq.data_ptr(), g_bq.data_ptr(), g_wkv.data_ptr(), g_bkv.data_ptr(), g_wo.data_ptr(),
         g_bo.data_ptr(), g_lnw.data_ptr(), g_lnb.data_ptr(), _ptr(g_tw), _ptr(g_tb), go.data_ptr(),
         g_vh.data_ptr(), g_agg.data_ptr(), g_qk.data_ptr(), g_asum.data_ptr(), g_qb.data_ptr(),
-        g_q.data_ptr(), g_xh.data_ptr(), tmp.data_ptr(), _ptr(part), max(1, int(att.threads())))
+        g_q.data_ptr(), g_xh.data_ptr(), tmp.data_ptr(), _ptr(part), Dq, qmap.data_ptr(),
+        qrows.data_ptr(), hq.data_ptr(), g_hq.data_ptr(), max(1, int(att.threads())))
     if rc != 0:
         raise RuntimeError(f"attention layer: the compiled backward failed ({rc})")
     return (g_h if need[0] else None, None, None, None, None, None, None, None, None, None,
