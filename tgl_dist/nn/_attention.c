@@ -42,7 +42,7 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 8; }
+int64_t tgl_att_abi(void) { return 9; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -439,16 +439,40 @@ static void fill_rows(float *out, int64_t n, int64_t w, int64_t ld, const float 
   for (int64_t i = 0; i < n; ++i) memcpy(out + i * ld, v, (size_t)w * sizeof(float));
 }
 
-/* out[t] = sum over rows i (in order) of a[i * lda + t] (w columns), float */
-static void col_sums(float *restrict out, const float *restrict a, int64_t n, int64_t w,
-                     int64_t lda) {
-  for (int64_t t = 0; t < w; ++t) out[t] = 0.f;
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t t = 0; t < w; ++t) out[t] += a[i * lda + t];
-}
-
 /* workers for a row loop over n elements: one below ~32k (as the pointwise kernel) */
 static int row_workers(int threads, int64_t n) { return n < 32768 || threads < 1 ? 1 : threads; }
+
+/* Column loops (sums over rows, row scatters that may hit a row twice) are split by
+ * columns, in blocks of 8: each column's sum still runs over the rows in order, so the
+ * result does not depend on the number of workers. col_workers: for n rows of w columns;
+ * col_share: worker k's columns [t0, t1) among nw. */
+static int col_workers(int threads, int64_t n, int64_t w) {
+  const int64_t nb = (w + 7) / 8;
+  const int t = row_workers(threads, n * w);
+  return t > nb ? (int)(nb > 0 ? nb : 1) : t;
+}
+static void col_share(int64_t w, int k, int nw, int64_t *t0, int64_t *t1) {
+  const int64_t nb = (w + 7) / 8;
+  *t0 = 8 * (nb * k / nw);
+  *t1 = 8 * (nb * (k + 1) / nw);
+  if (*t0 > w) *t0 = w;
+  if (*t1 > w) *t1 = w;
+}
+
+/* out[t] = sum over rows i (in order) of a[i * lda + t] (w columns), float */
+static void col_sums(float *restrict out, const float *restrict a, int64_t n, int64_t w,
+                     int64_t lda, int threads) {
+  const int nw = col_workers(threads, n, w);
+  int k;
+#pragma omp parallel for num_threads(nw) schedule(static)
+  for (k = 0; k < nw; ++k) {
+    int64_t t0, t1;
+    col_share(w, k, nw, &t0, &t1);
+    for (int64_t t = t0; t < t1; ++t) out[t] = 0.f;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t t = t0; t < t1; ++t) out[t] += a[i * lda + t];
+  }
+}
 
 static inline float sum_f(const float *a, int64_t n) {   /* fixed order, as dot() */
   int64_t i = 0;
@@ -486,17 +510,37 @@ static int64_t distinct_rows(const int64_t *rows, int64_t n, int64_t U, int64_t 
 /* rows [n, w] -> the sum of the rows i with map[i] = k into row k (k < the returned count),
  * in place, in order of i (map from distinct_rows: map[i] <= i, and a row is read before it
  * is overwritten) */
-static void sum_rows_by_map(float *rows, int64_t n, int64_t w, const int64_t *map) {
-  int64_t k = 0;   /* distinct rows started so far */
-  for (int64_t i = 0; i < n; ++i) {
-    float *to = rows + map[i] * w;
-    const float *from = rows + i * w;
-    if (map[i] == k) {   /* first occurrence of row k */
-      if (k != i) memcpy(to, from, (size_t)w * sizeof(float));
-      ++k;
-    } else {
-      for (int64_t t = 0; t < w; ++t) to[t] += from[t];
+static void sum_rows_by_map(float *rows, int64_t n, int64_t w, const int64_t *map,
+                            int threads) {
+  const int nw = col_workers(threads, n, w);
+  int p;
+#pragma omp parallel for num_threads(nw) schedule(static)
+  for (p = 0; p < nw; ++p) {   /* by columns (col_share) */
+    int64_t t0, t1, k = 0;     /* k: distinct rows started so far */
+    col_share(w, p, nw, &t0, &t1);
+    for (int64_t i = 0; i < n; ++i) {
+      float *to = rows + map[i] * w;
+      const float *from = rows + i * w;
+      if (map[i] == k) {   /* first occurrence of row k */
+        if (k != i) memcpy(to + t0, from + t0, (size_t)(t1 - t0) * sizeof(float));
+        ++k;
+      } else {
+        for (int64_t t = t0; t < t1; ++t) to[t] += from[t];
+      }
     }
+  }
+}
+
+/* out[rows[k], :] += a[k, :] for k < n in order (a [n, w]; out rows w apart), by columns */
+static void scatter_rows(float *out, const int64_t *rows, const float *a, int64_t n, int64_t w,
+                         int threads) {
+  const int nw = col_workers(threads, n, w);
+  int p;
+#pragma omp parallel for num_threads(nw) schedule(static)
+  for (p = 0; p < nw; ++p) {
+    int64_t t0, t1;
+    col_share(w, p, nw, &t0, &t1);
+    for (int64_t k = 0; k < n; ++k) axpy(out + rows[k] * w + t0, 1.f, a + k * w + t0, t1 - t0);
   }
 }
 
@@ -538,10 +582,11 @@ static int rows_in_range(const int64_t *ix, int64_t n, int64_t rows) {
   return 1;
 }
 
-/* Forward. Writes z [D, d] and what the backward reads: vh [D, d + dn] = [v || h_dst],
- * the query side once per distinct destination row (*nq = Dq of them: qrows [Dq] the rows
- * of h, qmap [D] destination i's among them, hq [Dq, dn] their rows of h, q [Dq, d],
- * qk [Dq, H, C], qb [Dq, H]; each buffer sized for D), s, alpha [M, H], agg [D, H, C],
+/* Forward. Writes z [D, d] and what the backward reads: v [D, d] (in vh), what depends on
+ * the destination's node row alone once per distinct row (*nq = Dq of them: qrows [Dq]
+ * the rows of h, qmap [D] destination i's among them, hq [Dq, dn] their rows of h,
+ * q [Dq, d], qk [Dq, H, C], qb [Dq, H]; each buffer sized for D; W_o's h_dst part),
+ * s, alpha [M, H], agg [D, H, C],
  * asum [D, H], r [D, d] (the LayerNorm's input), mean, rstd [D]. att_mask [M, H],
  * out_mask [D, d]: dropout multipliers or NULL. Returns 0, -1 for an index outside its
  * table, -2 without a BLAS. */
@@ -558,15 +603,14 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   if (!SGEMM) return -2;
   if (!rows_in_range(dst_rows, D, U) || !rows_in_range(idx, M, U)) return -1;
   const int64_t c = d / H, C = dn + cx, lv = d + dn, lq = dn + dtd;
-  /* [v || h_dst]: the destinations' node rows */
-  for (int64_t i = 0; i < D; ++i)
-    memcpy(vh + i * lv + d, h + dst_rows[i] * dn, (size_t)dn * sizeof(float));
-  /* the query side depends on the destination's node row alone: it is computed once per
-   * distinct row (Dq of them, hq [Dq, dn]; destination i reads row qmap[i]) */
+  /* the query side and W_o's h_dst part depend on the destination's node row alone: they
+   * are computed once per distinct row (Dq of them, hq [Dq, dn]; destination i reads row
+   * qmap[i]) */
   const int64_t Dq = distinct_rows(dst_rows, D, U, qmap, qrows);
   *nq = Dq;
-  for (int64_t k = 0; k < Dq; ++k)
-    memcpy(hq + k * dn, h + qrows[k] * dn, (size_t)dn * sizeof(float));
+  int64_t i;
+#pragma omp parallel for num_threads(row_workers(threads, Dq * dn)) schedule(static)
+  for (i = 0; i < Dq; ++i) memcpy(hq + i * dn, h + qrows[i] * dn, (size_t)dn * sizeof(float));
   /* q = W_q [h_dst || phi(0)] + b_q: the constant part once, then one product */
   float *qbias = malloc((size_t)d * sizeof(float));
   if (!qbias) abort();
@@ -593,17 +637,24 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   /* v_h = W_v,h agg_h + b_v,h asum_h, per head into vh's columns */
   const float *w_v = w_kv + d * C, *b_v = b_kv + d;
   for (int64_t j = 0; j < H; ++j)
-    gemm(0, 1, D, c, C, agg + j * C, H * C, w_v + j * c * C, C, 0.f, vh + j * c, lv);
-  for (int64_t i = 0; i < D; ++i)
+    gemm(0, 1, D, c, C, agg + j * C, H * C, w_v + j * c * C, C, 0.f, vh + j * c, d);
+#pragma omp parallel for num_threads(row_workers(threads, D * d)) schedule(static)
+  for (i = 0; i < D; ++i)
     for (int64_t j = 0; j < H; ++j) {
       const float a = asum[i * H + j];
-      float *v = vh + i * lv + j * c;
+      float *v = vh + i * d + j * c;
       for (int64_t t = 0; t < c; ++t) v[t] += a * b_v[j * c + t];
     }
-  /* o = W_o [v || h_dst] + b_o; r = ReLU(o * out_mask); z = LayerNorm(r) */
-  fill_rows(r, D, d, d, b_o);
-  gemm(0, 1, D, d, lv, vh, lv, w_o, lv, 1.f, r, d);
-  int64_t i;
+  /* o = W_o,v v + (W_o,h h_dst + b_o) (the latter per distinct row: oh [Dq, d]);
+   * r = ReLU(o * out_mask); z = LayerNorm(r) */
+  float *oh = malloc((size_t)(Dq * d > 0 ? Dq * d : 1) * sizeof(float));
+  if (!oh) abort();
+  fill_rows(oh, Dq, d, d, b_o);
+  gemm(0, 1, Dq, d, dn, hq, dn, w_o + d, lv, 1.f, oh, d);
+#pragma omp parallel for num_threads(row_workers(threads, D * d)) schedule(static)
+  for (i = 0; i < D; ++i) memcpy(r + i * d, oh + qmap[i] * d, (size_t)d * sizeof(float));
+  free(oh);
+  gemm(0, 1, D, d, d, vh, d, w_o, lv, 1.f, r, d);
 #pragma omp parallel for num_threads(row_workers(threads, D * d)) schedule(static)
   for (i = 0; i < D; ++i) ln_fwd_row(r + i * d, z + i * d, out_mask ? out_mask + i * d : NULL,
                                      d, ln_w, ln_b, eps, mean + i, rstd + i);
@@ -613,12 +664,12 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
 /* Backward of tgl_att_layer_fwd from gz [D, d] and its saved tensors (Dq, qmap, qrows, hq
  * as the forward wrote them). Writes g_h [U, dn], g_wq, g_bq, g_wkv, g_bkv, g_wo, g_bo,
  * g_lnw, g_lnb (the parameters' shapes) and, when sinz is not NULL (td = dtd > 0: phi's w
- * and b want a gradient), g_tw, g_tb [dtd]. Scratch: go [D, d], g_vh [D, d + dn], g_agg,
+ * and b want a gradient), g_tw, g_tb [dtd]. Scratch: go [D, d], g_v [D, d], g_agg,
  * g_qk [D, H, C], g_asum, g_qb [D, H], g_q [Dq, d], g_hq [Dq, dn], g_xh [M, dn],
  * tmp [M, H], te_part [D, 2 dtd]. Returns 0, or -2 without a BLAS. */
 int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, int64_t cx,
                       int64_t d, int64_t dtd, const float *gz, const float *h,
-                      const int64_t *dst_rows, const int64_t *idx, const float *X,
+                      const int64_t *idx, const float *X,
                       const int64_t *ptr, const float *att_mask, const float *out_mask,
                       float slope, const float *dt, const float *sinz, const float *c0,
                       const float *te_b, const float *w_q, const float *w_kv,
@@ -628,7 +679,7 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
                       const float *r, const float *mean, const float *rstd, float *g_h,
                       float *g_wq, float *g_bq, float *g_wkv, float *g_bkv, float *g_wo,
                       float *g_bo, float *g_lnw, float *g_lnb, float *g_tw, float *g_tb,
-                      float *go, float *g_vh, float *g_agg, float *g_qk, float *g_asum,
+                      float *go, float *g_v, float *g_agg, float *g_qk, float *g_asum,
                       float *g_qb, float *g_q, float *g_xh, float *tmp, float *te_part,
                       int64_t Dq, const int64_t *qmap, const int64_t *qrows, const float *hq,
                       float *g_hq, int threads) {
@@ -639,25 +690,42 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
 #pragma omp parallel for num_threads(row_workers(threads, D * d)) schedule(static)
   for (i = 0; i < D; ++i) ln_bwd_row(gz + i * d, r + i * d, out_mask ? out_mask + i * d : NULL,
                                      d, ln_w, mean[i], rstd[i], go + i * d);
-  for (int64_t t = 0; t < d; ++t) { g_lnw[t] = 0.f; g_lnb[t] = 0.f; }
-  for (i = 0; i < D; ++i) {   /* the LayerNorm's weight and bias: sums over the rows */
-    const float *gi = gz + i * d, *ri = r + i * d, m = mean[i], rs = rstd[i];
-    for (int64_t t = 0; t < d; ++t) { g_lnw[t] += gi[t] * ((ri[t] - m) * rs); g_lnb[t] += gi[t]; }
+  int p, nw = col_workers(threads, D, d);
+#pragma omp parallel for num_threads(nw) schedule(static)
+  for (p = 0; p < nw; ++p) {   /* the LayerNorm's weight and bias: sums over the rows */
+    int64_t t0, t1;
+    col_share(d, p, nw, &t0, &t1);
+    for (int64_t t = t0; t < t1; ++t) { g_lnw[t] = 0.f; g_lnb[t] = 0.f; }
+    for (int64_t i = 0; i < D; ++i) {
+      const float *gi = gz + i * d, *ri = r + i * d, m = mean[i], rs = rstd[i];
+      for (int64_t t = t0; t < t1; ++t) { g_lnw[t] += gi[t] * ((ri[t] - m) * rs); g_lnb[t] += gi[t]; }
+    }
   }
-  /* o = W_o [v || h_dst] + b_o */
-  gemm(1, 0, d, lv, D, go, d, vh, lv, 0.f, g_wo, lv);
-  col_sums(g_bo, go, D, d, d);
-  gemm(0, 0, D, lv, d, go, d, w_o, lv, 0.f, g_vh, lv);
+  /* o = W_o,v v + W_o,h h_dst + b_o: v's part per destination, h_dst's per distinct row
+   * (go summed per row: goq [Dq, d]) */
+  gemm(1, 0, d, d, D, go, d, vh, d, 0.f, g_wo, lv);
+  col_sums(g_bo, go, D, d, d, threads);
+  gemm(0, 0, D, d, d, go, d, w_o, lv, 0.f, g_v, d);
+  float *goq = go;
+  if (Dq < D) {
+    goq = malloc((size_t)(D * d) * sizeof(float));
+    if (!goq) abort();
+    memcpy(goq, go, (size_t)(D * d) * sizeof(float));
+    sum_rows_by_map(goq, D, d, qmap, threads);
+  }
+  gemm(1, 0, d, dn, Dq, goq, d, hq, dn, 0.f, g_wo + d, lv);
+  gemm(0, 0, Dq, dn, d, goq, d, w_o + d, lv, 0.f, g_hq, dn);   /* g_hq = goq W_o,h */
+  if (goq != go) free(goq);
   /* v_h = W_v,h agg_h + b_v,h asum_h */
   const float *w_v = w_kv + d * C, *b_v = b_kv + d;
   for (int64_t j = 0; j < H; ++j) {
-    const float *gv = g_vh + j * c;
-    gemm(1, 0, c, C, D, gv, lv, agg + j * C, H * C, 0.f, g_wkv + (d + j * c) * C, C);
-    gemm(0, 0, D, C, c, gv, lv, w_v + j * c * C, C, 0.f, g_agg + j * C, H * C);
+    const float *gv = g_v + j * c;
+    gemm(1, 0, c, C, D, gv, d, agg + j * C, H * C, 0.f, g_wkv + (d + j * c) * C, C);
+    gemm(0, 0, D, C, c, gv, d, w_v + j * c * C, C, 0.f, g_agg + j * C, H * C);
     float *gb = g_bkv + d + j * c;
     for (int64_t t = 0; t < c; ++t) gb[t] = 0.f;
     for (int64_t i = 0; i < D; ++i) {
-      const float a = asum[i * H + j], *g = gv + i * lv;
+      const float a = asum[i * H + j], *g = gv + i * d;
       for (int64_t t = 0; t < c; ++t) gb[t] += a * g[t];
       g_asum[i * H + j] = dot(g, b_v + j * c, c);
     }
@@ -674,18 +742,26 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   if (td > 0 && td <= cx) { jb.td = td; jb.dt = dt; jb.sinz = sinz; jb.te_part = te_part; }
   run(&jb, threads, bwd_range);
   run(&jb, threads, scatter_range);
-  if (jb.te_part) {
-    double *tacc = calloc((size_t)(2 * td), sizeof(double));
+  if (jb.te_part) {   /* over the destinations in order, in double, by columns */
+    const int64_t w = 2 * td;
+    double *tacc = malloc((size_t)w * sizeof(double));
     if (!tacc) abort();
-    for (int64_t i = 0; i < D; ++i)
-      for (int64_t t = 0; t < 2 * td; ++t) tacc[t] += (double)te_part[i * 2 * td + t];
+    nw = col_workers(threads, D, w);
+#pragma omp parallel for num_threads(nw) schedule(static)
+    for (p = 0; p < nw; ++p) {
+      int64_t t0, t1;
+      col_share(w, p, nw, &t0, &t1);
+      for (int64_t t = t0; t < t1; ++t) tacc[t] = 0.0;
+      for (int64_t i = 0; i < D; ++i)
+        for (int64_t t = t0; t < t1; ++t) tacc[t] += (double)te_part[i * w + t];
+    }
     for (int64_t t = 0; t < td; ++t) { g_tw[t] = (float)tacc[t]; g_tb[t] = (float)tacc[td + t]; }
     free(tacc);
   }
   /* the query side, per distinct destination row: the destinations' g_qk, g_qb summed */
   if (Dq < D) {
-    sum_rows_by_map(g_qk, D, H * C, qmap);
-    sum_rows_by_map(g_qb, D, H, qmap);
+    sum_rows_by_map(g_qk, D, H * C, qmap, threads);
+    sum_rows_by_map(g_qb, D, H, qmap, 1);
   }
   /* qk_h = W_k,h^T q_h, qb_h = q_h . b_k,h */
   for (int64_t j = 0; j < H; ++j) {
@@ -701,13 +777,11 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   }
   /* q = W_q [h_dst || phi(0)] + b_q */
   gemm(1, 0, d, dn, Dq, g_q, d, hq, dn, 0.f, g_wq, lq);
-  col_sums(g_bq, g_q, Dq, d, d);
+  col_sums(g_bq, g_q, Dq, d, d, threads);
   for (int64_t o = 0; o < d; ++o)
     for (int64_t t = 0; t < dtd; ++t) g_wq[o * lq + dn + t] = g_bq[o] * c0[t];
-  gemm(0, 0, Dq, dn, d, g_q, d, w_q, lq, 0.f, g_hq, dn);       /* g_q W_q,h */
-  /* g_h: W_o's part per destination, then W_q's per distinct row (each in order) */
-  for (int64_t i = 0; i < D; ++i) axpy(g_h + dst_rows[i] * dn, 1.f, g_vh + i * lv + d, dn);
-  for (int64_t k = 0; k < Dq; ++k) axpy(g_h + qrows[k] * dn, 1.f, g_hq + k * dn, dn);
+  gemm(0, 0, Dq, dn, d, g_q, d, w_q, lq, 1.f, g_hq, dn);       /* g_hq += g_q W_q,h */
+  scatter_rows(g_h, qrows, g_hq, Dq, dn, threads);            /* into h's rows, in order */
   /* phi(0) = cos(b) in the query: its part of g_b */
   if (td) {
     for (int64_t t = 0; t < dtd; ++t) {
@@ -778,9 +852,9 @@ int tgl_score_bwd(int64_t B, int64_t n, int64_t R, int64_t d, const float *g,
     for (int64_t i = 0; i < n; ++i) axpy(g_emb + dst[i] * d, 1.f, tmp + i * d, d);
   }
   gemm(1, 0, d, d, B, gs, d, hs, d, 0.f, g_ws, d);
-  col_sums(g_bs, gs, B, d, d);
+  col_sums(g_bs, gs, B, d, d, 1);
   gemm(1, 0, d, d, n, gz, d, hd, d, 0.f, g_wd, d);
-  col_sums(g_bd, gz, n, d, d);
+  col_sums(g_bd, gz, n, d, d, 1);
   for (int64_t t = 0; t < d; ++t) g_wo[t] = 0.f;
   float go = 0.f;
   for (int64_t i = 0; i < n; ++i) {

@@ -238,7 +238,7 @@ def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw,
     C = dn + cx
     c0 = torch.cos(te_b)
     e = torch.empty
-    vh, q, qk, qb = e(D, d + dn), e(D, d), e(D, H, C), e(D, H)
+    vh, q, qk, qb = e(D, d), e(D, d), e(D, H, C), e(D, H)   # vh: v alone here
     s, alpha, agg, asum = e(M, H), e(M, H), e(D, H, C), e(D, H)
     r, mean, rstd, z = e(D, d), e(D), e(D), e(D, d)
     i64 = torch.int64   # the query side's distinct rows (the first nq[0] of each buffer)
@@ -278,20 +278,19 @@ def _whole_backward(ctx, gz: Tensor):
     g_wo, g_bo, g_lnw, g_lnb = torch.empty_like(w_o), e(d), e(d), e(d)
     te = sinz is not None
     g_tw, g_tb, part = (e(dtd), e(dtd), e(D, 2 * dtd)) if te else (None, None, None)
-    go, g_vh, g_agg, g_qk = e(D, d), e(D, d + dn), e(D, H, C), e(D, H, C)
+    go, g_v, g_agg, g_qk = e(D, d), e(D, d), e(D, H, C), e(D, H, C)
     g_asum, g_qb, g_q, g_xh, tmp = e(D, H), e(D, H), e(D, d), e(M, dn), e(M, H)
     Dq = int(nq[0])
     g_hq = e(Dq, dn)
     rc = att.tgl_att_layer_bwd(
-        D, M, U, H, dn, cx, d, dtd, gz.data_ptr(), h.data_ptr(), dst_rows.data_ptr(),
-        idx.data_ptr(), x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2,
-        dt.data_ptr(), _ptr(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
+        D, M, U, H, dn, cx, d, dtd, gz.data_ptr(), h.data_ptr(), idx.data_ptr(), x.data_ptr(),
+        ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2, dt.data_ptr(), _ptr(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
         w_kv.data_ptr(), b_kv.data_ptr(), w_o.data_ptr(), ln_w.data_ptr(), vh.data_ptr(),
         q.data_ptr(), qk.data_ptr(), s.data_ptr(), alpha.data_ptr(), agg.data_ptr(),
         asum.data_ptr(), r.data_ptr(), mean.data_ptr(), rstd.data_ptr(), g_h.data_ptr(),
         g_wq.data_ptr(), g_bq.data_ptr(), g_wkv.data_ptr(), g_bkv.data_ptr(), g_wo.data_ptr(),
         g_bo.data_ptr(), g_lnw.data_ptr(), g_lnb.data_ptr(), _ptr(g_tw), _ptr(g_tb), go.data_ptr(),
-        g_vh.data_ptr(), g_agg.data_ptr(), g_qk.data_ptr(), g_asum.data_ptr(), g_qb.data_ptr(),
+        g_v.data_ptr(), g_agg.data_ptr(), g_qk.data_ptr(), g_asum.data_ptr(), g_qb.data_ptr(),
         g_q.data_ptr(), g_xh.data_ptr(), tmp.data_ptr(), _ptr(part), Dq, qmap.data_ptr(),
         qrows.data_ptr(), hq.data_ptr(), g_hq.data_ptr(), max(1, int(att.threads())))
     if rc != 0:
