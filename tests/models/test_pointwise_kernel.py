@@ -342,6 +342,38 @@ def test_gru_cell_equals_torch_gru_cell(monkeypatch, grads, own_state, whole):
             assert mine[k].grad is None
 
 
+@needs_kernel
+def test_whole_gru_cell_at_step_size_on_two_threads(monkeypatch):
+    """At a TGN step's size (800 rows, memory 100, mail 200, time 100) the compiled calls
+    split their row copies and bias sums over two threads: still torch.nn.GRUCell's
+    values and gradients."""
+    if not LIB.cell_ready:
+        pytest.skip("this torch build exports no sgemm_: the cell runs its torch form")
+    g = torch.Generator().manual_seed(8)
+    U, F0, F1, H = 800, 100, 100, 100
+    cell = torch.nn.GRUCell(H + F0 + F1, H).double()
+    x0, x1, h = (torch.randn(U, n, generator=g) for n in (F0, F1, H))
+    go = torch.randn(U, H, generator=g)
+    x1d = x1.double().requires_grad_()
+    ref = cell(torch.cat([h.double(), x0.double(), x1d], 1), h.double())
+    ref.backward(go.double())
+    params = [p.detach().float().requires_grad_() for p in
+              (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)]
+    x1f = x1.clone().requires_grad_()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = gru_cell(x0, x1f, h, *params, own_state=True)
+        assert type(out.grad_fn).__name__ == GRUCell.__name__ + "Backward"
+        out.backward(go)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+    for p, q in zip(params, (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)):
+        assert torch.allclose(p.grad.double(), q.grad, rtol=1e-4, atol=2e-3)
+    assert torch.allclose(x1f.grad.double(), x1d.grad, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("own_state", [False, True])
 def test_gru_cell_without_kernel_is_torch_gru_cell(own_state):
     g = torch.Generator().manual_seed(5)

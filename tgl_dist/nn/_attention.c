@@ -442,24 +442,8 @@ static void fill_rows(float *out, int64_t n, int64_t w, int64_t ld, const float 
 /* workers for a row loop over n elements: one below ~32k (as the pointwise kernel) */
 static int row_workers(int threads, int64_t n) { return n < 32768 || threads < 1 ? 1 : threads; }
 
-/* Column loops (sums over rows, row scatters that may hit a row twice) are split by
- * columns, in blocks of 8: each column's sum still runs over the rows in order, so the
- * result does not depend on the number of workers. col_workers: for n rows of w columns;
- * col_share: worker k's columns [t0, t1) among nw. */
-static int col_workers(int threads, int64_t n, int64_t w) {
-  const int64_t nb = (w + 7) / 8;
-  const int t = row_workers(threads, n * w);
-  return t > nb ? (int)(nb > 0 ? nb : 1) : t;
-}
-static void col_share(int64_t w, int k, int nw, int64_t *t0, int64_t *t1) {
-  const int64_t nb = (w + 7) / 8;
-  *t0 = 8 * (nb * k / nw);
-  *t1 = 8 * (nb * (k + 1) / nw);
-  if (*t0 > w) *t0 = w;
-  if (*t1 > w) *t1 = w;
-}
-
-/* out[t] = sum over rows i (in order) of a[i * lda + t] (w columns), float */
+/* out[t] = sum over rows i (in order) of a[i * lda + t] (w columns), float; by columns
+ * (col_workers in _blas.h) */
 static void col_sums(float *restrict out, const float *restrict a, int64_t n, int64_t w,
                      int64_t lda, int threads) {
   const int nw = col_workers(threads, n, w);

@@ -1,4 +1,5 @@
-/* torch's own BLAS for the model kernels' whole-node calls (_attention.c, _pointwise.c).
+/* torch's own BLAS for the model kernels' whole-node calls (_attention.c, _pointwise.c),
+ * and the column split of their loops.
  *
  * The kernel library is handed the address of the Fortran sgemm_ libtorch_cpu exports
  * (tgl_dist/sampling/_ckernel.py: set_blas), the one torch's own CPU products call, and
@@ -30,6 +31,24 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A
   const int M = (int)n, N = (int)m, K = (int)k, la = (int)ldb, lb = (int)lda, lc = (int)ldc;
   const float one = 1.f;
   SGEMM(&cb, &ca, &M, &N, &K, &one, B, &la, A, &lb, &beta, C, &lc);
+}
+
+/* Column loops of both kernels (sums over rows, scatters of rows that may hit a row twice)
+ * are split by columns, in blocks of 8: each column still runs over the rows in order, so
+ * the result does not depend on the number of workers. col_workers: workers for n rows of
+ * w columns (one below ~32k elements: a parallel region costs a few microseconds);
+ * col_share: worker k's columns [t0, t1) among nw. */
+static int col_workers(int threads, int64_t n, int64_t w) {
+  const int64_t nb = (w + 7) / 8;
+  const int t = n * w < 32768 || threads < 1 ? 1 : threads;
+  return t > nb ? (int)(nb > 0 ? nb : 1) : t;
+}
+static void col_share(int64_t w, int k, int nw, int64_t *t0, int64_t *t1) {
+  const int64_t nb = (w + 7) / 8;
+  *t0 = 8 * (nb * k / nw);
+  *t1 = 8 * (nb * (k + 1) / nw);
+  if (*t0 > w) *t0 = w;
+  if (*t1 > w) *t1 = w;
 }
 
 /* 1 when gemm computes a 2 x 3 by 3 x 2 product right in all four transpose cases */

@@ -36,7 +36,7 @@
 
 #include "_blas.h"
 
-#define TGL_PW_ABI 11
+#define TGL_PW_ABI 12
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -344,10 +344,6 @@ int tgl_gru_cell_fwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *
                      float *w_own, float *hh, float *out, float *saved, int threads) {
   if (!SGEMM) return -2;
   const int64_t F = F0 + F1, li = H + F;
-  for (int64_t i = 0; i < U; ++i) {
-    memcpy(x + i * F, x0 + i * ld0, (size_t)F0 * sizeof(float));
-    if (x1) memcpy(x + i * F + F0, x1 + i * F1, (size_t)F1 * sizeof(float));
-  }
   float *b_own = malloc((size_t)(4 * H) * sizeof(float));
   if (!b_own) abort();
   for (int64_t o = 0; o < 3 * H; ++o) {
@@ -363,12 +359,19 @@ int tgl_gru_cell_fwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *
   }
   memcpy(w_own + 3 * H * H, w_hh + 2 * H * H, (size_t)(H * H) * sizeof(float));
   memcpy(b_own + 3 * H, b_hh + 2 * H, (size_t)H * sizeof(float));
-  for (int64_t i = 0; i < U; ++i) memcpy(hh + i * 4 * H, b_own, (size_t)(4 * H) * sizeof(float));
+  const int64_t nb = nblocks(U);
+  int64_t k;
+  /* the input rows [x0 || x1] and the biases under the products, rows on the workers */
+#pragma omp parallel for num_threads(workers(threads, U * (F + 4 * H), nb)) schedule(static)
+  for (k = 0; k < nb; ++k)
+    for (int64_t i = k * ROWS; i < U && i < k * ROWS + ROWS; ++i) {
+      memcpy(x + i * F, x0 + i * ld0, (size_t)F0 * sizeof(float));
+      if (x1) memcpy(x + i * F + F0, x1 + i * F1, (size_t)F1 * sizeof(float));
+      memcpy(hh + i * 4 * H, b_own, (size_t)(4 * H) * sizeof(float));
+    }
   free(b_own);
   gemm(0, 1, U, 4 * H, H, h, H, w_own, H, 1.f, hh, 4 * H);        /* [rz | i_n | h_n] of h */
   gemm(0, 1, U, 3 * H, F, x, F, w_ih + H, li, 1.f, hh, 4 * H);    /* + the input's: gi */
-  const int64_t nb = nblocks(U);
-  int64_t k;
 #pragma omp parallel for num_threads(workers(threads, U * H * GRU_COST, nb)) schedule(static)
   for (k = 0; k < nb; ++k)
     gru_fwd_rows(k * ROWS, k * ROWS + ROWS < U ? k * ROWS + ROWS : U, H, hh, 4 * H, hh + 3 * H,
@@ -414,11 +417,19 @@ int tgl_gru_cell_bwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *
     }
     if (!g_wih) free(gs);
   }
-  if (g_bih || g_bhh) {
-    float *gb = calloc((size_t)l4, sizeof(float));
+  if (g_bih || g_bhh) {   /* column sums over the rows in order, by columns (_blas.h) */
+    float *gb = malloc((size_t)l4 * sizeof(float));
     if (!gb) abort();
-    for (int64_t i = 0; i < U; ++i)
-      for (int64_t t = 0; t < l4; ++t) gb[t] += g_all[i * l4 + t];
+    const int nw = col_workers(threads, U, l4);
+    int p;
+#pragma omp parallel for num_threads(nw) schedule(static)
+    for (p = 0; p < nw; ++p) {
+      int64_t t0, t1;
+      col_share(l4, p, nw, &t0, &t1);
+      for (int64_t t = t0; t < t1; ++t) gb[t] = 0.f;
+      for (int64_t i = 0; i < U; ++i)
+        for (int64_t t = t0; t < t1; ++t) gb[t] += g_all[i * l4 + t];
+    }
     if (g_bih) memcpy(g_bih, gb, (size_t)(3 * H) * sizeof(float));
     if (g_bhh) {
       memcpy(g_bhh, gb, (size_t)(2 * H) * sizeof(float));

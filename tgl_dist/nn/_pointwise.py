@@ -33,7 +33,7 @@ from tgl_dist.sampling._ckernel import (LazyKernel, data_ptr as _ptr, load_openm
                                        open_library, set_blas)
 
 SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 11
+ABI = 12
 _P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
                            ctypes.c_int)
 
