@@ -186,6 +186,35 @@ def test_predictor_score_is_one_node_with_forward_values_and_gradients(k, own_sr
         assert torch.allclose(res[0][1], exp, atol=tol)
 
 
+def test_predictor_score_at_step_size_on_two_threads():
+    """At a training step's size (600 root rows of 100, 200 events, one negative each) the
+    compiled score calls split their row and column loops over two threads: the same
+    logits and gradients as the module's forward."""
+    from tgl_dist.nn import EdgePredictor
+    torch.manual_seed(0)
+    pred = EdgePredictor(100)
+    R, B = 600, 200
+    emb = torch.randn(R, 100, requires_grad=True)
+    src, pos, neg = torch.arange(B), torch.arange(B, 2 * B), torch.arange(2 * B, 3 * B)
+    g_pos, g_neg = torch.randn(B), torch.randn(B)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    res = []
+    try:
+        for fused in (True, False):
+            pred.zero_grad()
+            emb.grad = None
+            out = (pred.score(emb, src, pos, neg, None) if fused else
+                   pred(emb[src], emb[pos], emb[neg], None))
+            ((out[0] * g_pos).sum() + (out[1] * g_neg).sum()).backward()
+            res.append([out[0].detach(), out[1].detach(), emb.grad.clone()]
+                       + [p.grad.clone() for p in pred.parameters()])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*res):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-5), float((a - b).abs().max())
+
+
 def _cfg(path, **memory):
     import yaml
     raw = yaml.safe_load(open(path))

@@ -42,7 +42,7 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 9; }
+int64_t tgl_att_abi(void) { return 10; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -791,17 +791,24 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
 int tgl_score_fwd(int64_t B, int64_t n, int64_t npos, int64_t R, int64_t d, const float *emb,
                   const int64_t *src, const int64_t *dst, const float *w_s, const float *b_s,
                   const float *w_d, const float *b_d, const float *w_o, const float *b_o,
-                  float *hs, float *hd, float *z, float *s, float *lp, float *ln) {
+                  float *hs, float *hd, float *z, float *s, float *lp, float *ln, int threads) {
   if (!SGEMM) return -2;
   if (B <= 0 || n % B || npos < 0 || npos > n || !rows_in_range(src, B, R)
       || !rows_in_range(dst, n, R)) return -1;
-  for (int64_t i = 0; i < B; ++i) memcpy(hs + i * d, emb + src[i] * d, (size_t)d * sizeof(float));
-  for (int64_t i = 0; i < n; ++i) memcpy(hd + i * d, emb + dst[i] * d, (size_t)d * sizeof(float));
-  fill_rows(s, B, d, d, b_s);
+  int64_t i;   /* (n >= B rows: the gathers and the biases under the products) */
+#pragma omp parallel for num_threads(row_workers(threads, 2 * n * d)) schedule(static)
+  for (i = 0; i < n; ++i) {
+    if (i < B) {
+      memcpy(hs + i * d, emb + src[i] * d, (size_t)d * sizeof(float));
+      memcpy(s + i * d, b_s, (size_t)d * sizeof(float));
+    }
+    memcpy(hd + i * d, emb + dst[i] * d, (size_t)d * sizeof(float));
+    memcpy(z + i * d, b_d, (size_t)d * sizeof(float));
+  }
   gemm(0, 1, B, d, d, hs, d, w_s, d, 1.f, s, d);
-  fill_rows(z, n, d, d, b_d);
   gemm(0, 1, n, d, d, hd, d, w_d, d, 1.f, z, d);
-  for (int64_t i = 0; i < n; ++i) {
+#pragma omp parallel for num_threads(row_workers(threads, n * d)) schedule(static)
+  for (i = 0; i < n; ++i) {
     float *zi = z + i * d;
     const float *si = s + (i % B) * d;
     for (int64_t t = 0; t < d; ++t) {
@@ -822,29 +829,41 @@ int tgl_score_bwd(int64_t B, int64_t n, int64_t R, int64_t d, const float *g,
                   const int64_t *src, const int64_t *dst, const float *hs, const float *hd,
                   const float *z, const float *w_s, const float *w_d, const float *w_o,
                   float *g_emb, float *g_ws, float *g_bs, float *g_wd, float *g_bd,
-                  float *g_wo, float *g_bo, float *gz, float *gs, float *tmp) {
+                  float *g_wo, float *g_bo, float *gz, float *gs, float *tmp, int threads) {
   if (!SGEMM) return -2;
-  for (int64_t i = 0; i < n; ++i)
+  int64_t i;
+#pragma omp parallel for num_threads(row_workers(threads, n * d)) schedule(static)
+  for (i = 0; i < n; ++i)
     for (int64_t t = 0; t < d; ++t) gz[i * d + t] = z[i * d + t] > 0.f ? g[i] * w_o[t] : 0.f;
-  memcpy(gs, gz, (size_t)(B * d) * sizeof(float));   /* sum over the k + 1 blocks of B rows */
-  for (int64_t i = B; i < n; ++i) axpy(gs + (i % B) * d, 1.f, gz + i * d, d);
+  /* gs: the sum over the k + 1 blocks of B rows, each row's blocks in order */
+#pragma omp parallel for num_threads(row_workers(threads, n * d)) schedule(static)
+  for (i = 0; i < B; ++i) {
+    memcpy(gs + i * d, gz + i * d, (size_t)d * sizeof(float));
+    for (int64_t r = i + B; r < n; r += B) axpy(gs + i * d, 1.f, gz + r * d, d);
+  }
   if (g_emb) {
-    memset(g_emb, 0, (size_t)(R * d) * sizeof(float));
+#pragma omp parallel for num_threads(row_workers(threads, R * d)) schedule(static)
+    for (i = 0; i < R; ++i) memset(g_emb + i * d, 0, (size_t)d * sizeof(float));
     gemm(0, 0, B, d, d, gs, d, w_s, d, 0.f, tmp, d);
-    for (int64_t i = 0; i < B; ++i) axpy(g_emb + src[i] * d, 1.f, tmp + i * d, d);
+    scatter_rows(g_emb, src, tmp, B, d, threads);
     gemm(0, 0, n, d, d, gz, d, w_d, d, 0.f, tmp, d);
-    for (int64_t i = 0; i < n; ++i) axpy(g_emb + dst[i] * d, 1.f, tmp + i * d, d);
+    scatter_rows(g_emb, dst, tmp, n, d, threads);
   }
   gemm(1, 0, d, d, B, gs, d, hs, d, 0.f, g_ws, d);
-  col_sums(g_bs, gs, B, d, d, 1);
+  col_sums(g_bs, gs, B, d, d, threads);
   gemm(1, 0, d, d, n, gz, d, hd, d, 0.f, g_wd, d);
-  col_sums(g_bd, gz, n, d, d, 1);
-  for (int64_t t = 0; t < d; ++t) g_wo[t] = 0.f;
-  float go = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
-    axpy(g_wo, g[i], z + i * d, d);
-    go += g[i];
+  col_sums(g_bd, gz, n, d, d, threads);
+  const int nw = col_workers(threads, n, d);
+  int p;
+#pragma omp parallel for num_threads(nw) schedule(static)
+  for (p = 0; p < nw; ++p) {   /* g_wo = sum_i g[i] z[i], rows in order, by columns */
+    int64_t t0, t1;
+    col_share(d, p, nw, &t0, &t1);
+    for (int64_t t = t0; t < t1; ++t) g_wo[t] = 0.f;
+    for (int64_t i = 0; i < n; ++i) axpy(g_wo + t0, g[i], z + i * d + t0, t1 - t0);
   }
+  float go = 0.f;
+  for (int64_t i = 0; i < n; ++i) go += g[i];
   g_bo[0] = go;
   return 0;
 }

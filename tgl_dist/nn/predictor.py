@@ -119,7 +119,8 @@ class ScoreRows(torch.autograd.Function):
                                    dst.data_ptr(), w_s.data_ptr(), b_s.data_ptr(),
                                    w_d.data_ptr(), b_d.data_ptr(), w_o.data_ptr(),
                                    b_o.data_ptr(), hs.data_ptr(), hd.data_ptr(), z.data_ptr(),
-                                   s.data_ptr(), lp.data_ptr(), ln.data_ptr())
+                                   s.data_ptr(), lp.data_ptr(), ln.data_ptr(),
+                                   max(1, int(lib.threads())))
             if rc == -1:
                 raise IndexError(f"ScoreRows: rows must lie in 0..{emb.size(0) - 1}")
             if rc != 0:
@@ -152,7 +153,8 @@ class ScoreRows(torch.autograd.Function):
                                        w_o.data_ptr(), data_ptr(g_emb),
                                        g_ws.data_ptr(), g_bs.data_ptr(), g_wd.data_ptr(),
                                        g_bd.data_ptr(), g_wo.data_ptr(), g_bo.data_ptr(),
-                                       gz.data_ptr(), gs.data_ptr(), tmp.data_ptr())
+                                       gz.data_ptr(), gs.data_ptr(), tmp.data_ptr(),
+                                       max(1, int(ctx.lib.threads())))
             if rc != 0:
                 raise RuntimeError(f"ScoreRows: the compiled backward failed ({rc})")
             return (g_emb, None, None, g_ws if need[3] else None, g_bs if need[4] else None,
