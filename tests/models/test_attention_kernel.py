@@ -453,14 +453,17 @@ def test_build_cache_keys_on_the_local_headers_a_source_includes(tmp_path):
 
 
 @needs_kernel
-def test_whole_layer_call_at_step_size_on_two_threads_equals_the_torch_form(monkeypatch):
+@pytest.mark.parametrize("dim_edge", [0, 24])
+def test_whole_layer_call_at_step_size_on_two_threads_equals_the_torch_form(monkeypatch,
+                                                                            dim_edge):
     """At a training step's size (600 destinations, ~3,000 edges, 100-wide rows, roots
-    repeating nodes) the compiled calls split their row and column loops over two threads:
-    outputs and gradients still equal the node's torch form."""
+    repeating nodes, edge features read in place or none) the compiled calls split their
+    row and column loops over two threads: outputs and gradients still equal the node's
+    torch form."""
     torch.manual_seed(0)
-    layer = TemporalAttention(100, 0, 100, 100, num_head=2, dropout=0.1,
+    layer = TemporalAttention(100, dim_edge, 100, 100, num_head=2, dropout=0.1,
                               att_dropout=0.1).train()
-    _, mfgs, _ = make_batch(200, 3000, [10], seed=5)
+    _, mfgs, _ = make_batch(200, 3000, [10], dim_edge=dim_edge, seed=5)
     b = mfgs[0]
     _, rows = torch.unique(b.srcdata["ID"], return_inverse=True)   # one row per node
     h = torch.randn(int(rows.max()) + 1, 100, requires_grad=True)

@@ -42,7 +42,7 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 10; }
+int64_t tgl_att_abi(void) { return 11; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -52,9 +52,10 @@ static inline void st8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 /* at most HMAX heads (checked by the caller) */
 
 typedef struct {
-  int64_t D, H, Cx, dn, cx, U;   /* Cx = dn + cx */
+  int64_t D, H, Cx, dn, cx, U;   /* Cx = dn + cf + cx */
   const int64_t *ptr, *idx;
   const float *qx, *qb, *hs, *X, *mask;
+  const float *F; int64_t cf;    /* optional middle segment of the edges' rows (F [M, cf]) */
   const int64_t *qmap;   /* destination d reads qx, qb row qmap[d] (NULL: row d) */
   int act; float slope;
   /* forward outputs (s, alpha are kept for the backward) */
@@ -93,9 +94,10 @@ static inline void axpy(float *y, float a, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-/* the two segments of edge e's input row */
+/* the segments of edge e's input row [hs[idx[e]] || F[e] || X[e]] */
 static inline float rdot(const job_t *j, const float *q, int64_t e) {
-  float r = j->cx ? dot(q + j->dn, j->X + e * j->cx, j->cx) : 0.f;
+  float r = j->cx ? dot(q + j->dn + j->cf, j->X + e * j->cx, j->cx) : 0.f;
+  if (j->cf) r += dot(q + j->dn, j->F + e * j->cf, j->cf);
   if (j->dn) r += dot(q, j->hs + j->idx[e] * j->dn, j->dn);
   return r;
 }
@@ -138,9 +140,9 @@ static inline void wsum(float *restrict out, int64_t n, int64_t K, const float *
 }
 #endif
 
-/* per-thread scratch for one destination's edges: weights and both segments' row
+/* per-thread scratch for one destination's edges: weights and the segments' row
  * pointers (sized for the largest in-degree of the thread's range) */
-typedef struct { float *wv; const float **pn, **px; } rows_t;
+typedef struct { float *wv; const float **pn, **pf, **px; } rows_t;
 
 static int rows_alloc(rows_t *b, const job_t *j) {
   int64_t K = 1;
@@ -148,22 +150,27 @@ static int rows_alloc(rows_t *b, const job_t *j) {
     if (j->ptr[d + 1] - j->ptr[d] > K) K = j->ptr[d + 1] - j->ptr[d];
   b->wv = malloc((size_t)K * sizeof(float));
   b->pn = malloc((size_t)K * sizeof(float *));
+  b->pf = malloc((size_t)K * sizeof(float *));
   b->px = malloc((size_t)K * sizeof(float *));
-  return b->wv && b->pn && b->px;
+  return b->wv && b->pn && b->pf && b->px;
 }
-static void rows_free(rows_t *b) { free(b->wv); free((void *)b->pn); free((void *)b->px); }
+static void rows_free(rows_t *b) {
+  free(b->wv); free((void *)b->pn); free((void *)b->pf); free((void *)b->px);
+}
 
 static inline void rows_set(rows_t *b, const job_t *j, int64_t lo, int64_t hi) {
   for (int64_t e = lo; e < hi; ++e) {
     if (j->dn) b->pn[e - lo] = j->hs + j->idx[e] * j->dn;
+    if (j->cf) b->pf[e - lo] = j->F + e * j->cf;
     if (j->cx) b->px[e - lo] = j->X + e * j->cx;
   }
 }
 
-/* out (one head's [Cx] row) = sum_e wv[e - lo] x_e over both segments */
+/* out (one head's [Cx] row) = sum_e wv[e - lo] x_e over the segments */
 static inline void row_wsum(const job_t *j, const rows_t *b, float *out, int64_t K) {
   if (j->dn) wsum(out, j->dn, K, b->wv, b->pn);
-  if (j->cx) wsum(out + j->dn, j->cx, K, b->wv, b->px);
+  if (j->cf) wsum(out + j->dn, j->cf, K, b->wv, b->pf);
+  if (j->cx) wsum(out + j->dn + j->cf, j->cx, K, b->wv, b->px);
 }
 
 /* Per destination: the scores edge by edge (heads inner: an edge's row is read once and
@@ -243,7 +250,7 @@ static inline void edge_grad(float *restrict out, int64_t n, int64_t off, int64_
 TGL_CLONES static void bwd_range(const job_t *j) {
   const int64_t H = j->H, Cx = j->Cx, dn = j->dn, cx = j->cx;
   float dotag[HMAX], gb[HMAX], am[HMAX];
-  const int64_t td = j->te_part ? j->td : 0, toff = dn + cx - td;  /* time columns of x_e */
+  const int64_t td = j->te_part ? j->td : 0, toff = dn + j->cf + cx - td;  /* x_e's time columns */
   float *gt = td ? malloc((size_t)(3 * td) * sizeof(float)) : NULL;  /* g x_e's time part, sums */
   rows_t b;
   if (!rows_alloc(&b, j) || (td && !gt)) abort();
@@ -281,7 +288,8 @@ TGL_CLONES static void bwd_range(const job_t *j) {
       for (int64_t h = 0; h < H; ++h)
         am[h] = j->mask ? j->alpha[e * H + h] * j->mask[e * H + h] : j->alpha[e * H + h];
       if (dn) edge_grad(j->g_xh + e * dn, dn, 0, H, Cx, j->tmp + e * H, am, qd, gad);
-      if (cx && j->g_X) edge_grad(j->g_X + e * cx, cx, dn, H, Cx, j->tmp + e * H, am, qd, gad);
+      if (cx && j->g_X)
+        edge_grad(j->g_X + e * cx, cx, dn + j->cf, H, Cx, j->tmp + e * H, am, qd, gad);
       if (td) {   /* the time encoding's backward on this edge's row, summed per destination */
         float *restrict gx = gt, *restrict aw = gt + td, *restrict ab = gt + 2 * td;
         const float *restrict si = j->sinz + e * td;
@@ -425,8 +433,9 @@ int tgl_att_index_add(int64_t n, int64_t d, const int64_t *idx, const float *src
  * their own fixed order (results differ from torch's operators in the last bits).
  *
  * Shapes: D destinations, M edges (CSR by destination: ptr [D + 1]), U rows of h [U, dn],
- * H heads, d outputs (c = d / H per head), X [M, cx] the edges' own input rows
- * [f || phi(dt)] (phi: the last dtd columns), C = dn + cx; the query's input is
+ * H heads, d outputs (c = d / H per head), the edges' own input rows in two parts: their
+ * features F [M, cf] (cf may be 0: F unused) and X [M, cx] with phi(dt) its last dtd
+ * columns (X = phi(dt) alone in tgl_dist's calls), C = dn + cf + cx; the query's input is
  * [h_dst || phi(0)] with phi(0) = c0 [dtd]. Parameters: W_q [d, dn + dtd], b_q [d],
  * W_kv [2d, C], b_kv [2d], W_o [d, d + dn], b_o [d], LayerNorm ln_w, ln_b [d].
  * ------------------------------------------------------------------------------------ */
@@ -576,7 +585,8 @@ static int rows_in_range(const int64_t *ix, int64_t n, int64_t rows) {
  * table, -2 without a BLAS. */
 int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, int64_t cx,
                       int64_t d, int64_t dtd, const float *h, const int64_t *dst_rows,
-                      const int64_t *idx, const float *X, const int64_t *ptr,
+                      const int64_t *idx, const float *F, int64_t cf, const float *X,
+                      const int64_t *ptr,
                       const float *att_mask, const float *out_mask, float slope,
                       const float *c0, const float *w_q, const float *b_q, const float *w_kv,
                       const float *b_kv, const float *w_o, const float *b_o,
@@ -586,7 +596,7 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
                       int64_t *qrows, float *hq, int64_t *nq, int threads) {
   if (!SGEMM) return -2;
   if (!rows_in_range(dst_rows, D, U) || !rows_in_range(idx, M, U)) return -1;
-  const int64_t c = d / H, C = dn + cx, lv = d + dn, lq = dn + dtd;
+  const int64_t c = d / H, C = dn + cf + cx, lv = d + dn, lq = dn + dtd;
   /* the query side and W_o's h_dst part depend on the destination's node row alone: they
    * are computed once per distinct row (Dq of them, hq [Dq, dn]; destination i reads row
    * qmap[i]) */
@@ -616,6 +626,7 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   memset(&jb, 0, sizeof jb);
   jb.D = D; jb.H = H; jb.dn = dn; jb.cx = cx; jb.Cx = C; jb.ptr = ptr; jb.qx = qk; jb.qb = qb;
   jb.hs = h; jb.idx = idx; jb.X = cx ? X : NULL; jb.mask = att_mask; jb.act = 1;
+  jb.F = cf ? F : NULL; jb.cf = cf;
   jb.slope = slope; jb.s = s; jb.alpha = alpha; jb.aggx = agg; jb.asum = asum; jb.qmap = qmap;
   run(&jb, threads, fwd_range);
   /* v_h = W_v,h agg_h + b_v,h asum_h, per head into vh's columns */
@@ -653,7 +664,7 @@ int tgl_att_layer_fwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
  * tmp [M, H], te_part [D, 2 dtd]. Returns 0, or -2 without a BLAS. */
 int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, int64_t cx,
                       int64_t d, int64_t dtd, const float *gz, const float *h,
-                      const int64_t *idx, const float *X,
+                      const int64_t *idx, const float *F, int64_t cf, const float *X,
                       const int64_t *ptr, const float *att_mask, const float *out_mask,
                       float slope, const float *dt, const float *sinz, const float *c0,
                       const float *te_b, const float *w_q, const float *w_kv,
@@ -668,7 +679,7 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
                       int64_t Dq, const int64_t *qmap, const int64_t *qrows, const float *hq,
                       float *g_hq, int threads) {
   if (!SGEMM) return -2;
-  const int64_t c = d / H, C = dn + cx, lv = d + dn, lq = dn + dtd;
+  const int64_t c = d / H, C = dn + cf + cx, lv = d + dn, lq = dn + dtd;
   /* LayerNorm, ReLU and the output dropout: go = d loss / d o */
   int64_t i;
 #pragma omp parallel for num_threads(row_workers(threads, D * d)) schedule(static)
@@ -720,6 +731,7 @@ int tgl_att_layer_bwd(int64_t D, int64_t M, int64_t U, int64_t H, int64_t dn, in
   memset(&jb, 0, sizeof jb);
   jb.D = D; jb.H = H; jb.dn = dn; jb.cx = cx; jb.Cx = C; jb.U = U; jb.ptr = ptr; jb.qx = qk;
   jb.hs = h; jb.idx = idx; jb.X = cx ? X : NULL; jb.mask = att_mask; jb.act = 1;
+  jb.F = cf ? F : NULL; jb.cf = cf;
   jb.slope = slope; jb.s = (float *)s; jb.alpha = (float *)alpha; jb.g_aggx = g_agg;
   jb.g_asum = g_asum; jb.g_qx = g_qk; jb.g_qb = g_qb; jb.g_X = NULL; jb.g_xh = g_xh;
   jb.g_hs = g_h; jb.tmp = tmp; jb.qmap = qmap;

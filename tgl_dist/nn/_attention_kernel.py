@@ -34,7 +34,7 @@ from tgl_dist.sampling._ckernel import (LazyKernel, data_ptr as _ptr, load_openm
                                        open_library, set_blas)
 
 SOURCE = Path(__file__).with_name("_attention.c")
-ABI = 10
+ABI = 11
 MAX_HEADS = 16  # HMAX in _attention.c
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
@@ -50,10 +50,10 @@ def _load(path: Path) -> ctypes.CDLL:
         "tgl_att_index_add": (_INT, [_I64, _I64, _P, _P, _I64, _P, _I64]),
         "tgl_att_set_sgemm": (_INT, [_P]),
         "tgl_att_gemm_check": (_INT, []),
-        "tgl_att_layer_fwd": (_INT, [_I64] * 8 + [_P] * 7 + [_F] + [_P] * 9 + [_F]
-                              + [_P] * 16 + [_INT]),
-        "tgl_att_layer_bwd": (_INT, [_I64] * 8 + [_P] * 7 + [_F] + [_P] * 40 + [_I64]
-                              + [_P] * 4 + [_INT]),
+        "tgl_att_layer_fwd": (_INT, [_I64] * 8 + [_P] * 4 + [_I64] + [_P] * 4 + [_F]
+                              + [_P] * 9 + [_F] + [_P] * 16 + [_INT]),
+        "tgl_att_layer_bwd": (_INT, [_I64] * 8 + [_P] * 4 + [_I64] + [_P] * 4 + [_F]
+                              + [_P] * 40 + [_I64] + [_P] * 4 + [_INT]),
         "tgl_score_fwd": (_INT, [_I64] * 5 + [_P] * 15 + [_INT]),
         "tgl_score_bwd": (_INT, [_I64] * 4 + [_P] * 19 + [_INT])})
 

@@ -229,13 +229,15 @@ def _whole_layer(att, *tensors: Optional[Tensor]) -> bool:
 def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw, te_w, te_b,
                    w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps, keep_sin):
     """:func:`attention_layer` as one call of ``tgl_att_layer_fwd`` (after the edges' time
-    encoding): ``(out [D, d], saved)`` in the torch form's layout."""
+    encoding): ``(out [D, d], saved)``, the torch form's layout and, after it, the query
+    side's distinct rows and the edge features ``f`` (read in place: the edges' rows are
+    ``[h[idx] || f || phi(dt)]`` with ``x = phi(dt)`` alone here, no copy of ``f``)."""
     D, M, (U, dn) = dst_rows.numel(), idx.numel(), h.shape
     d, dtd = w_q.size(0), te_w.numel()
     dst_rows, idx, ptr = dst_rows.contiguous(), idx.contiguous(), ptr.contiguous()
-    x, sinz = time_encoding_forward(pw, dt.contiguous(), te_w.view(-1), te_b, f, keep_sin)
-    cx = x.size(1)
-    C = dn + cx
+    x, sinz = time_encoding_forward(pw, dt.contiguous(), te_w.view(-1), te_b, None, keep_sin)
+    cf, cx = (0 if f is None else f.size(1)), x.size(1)
+    C = dn + cf + cx
     c0 = torch.cos(te_b)
     e = torch.empty
     vh, q, qk, qb = e(D, d), e(D, d), e(D, H, C), e(D, H)   # vh: v alone here
@@ -245,7 +247,8 @@ def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw,
     qmap, qrows, hq, nq = e(D, dtype=i64), e(D, dtype=i64), e(D, dn), e(1, dtype=i64)
     rc = att.tgl_att_layer_fwd(
         D, M, U, H, dn, cx, d, dtd, h.data_ptr(), dst_rows.data_ptr(), idx.data_ptr(),
-        x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2, c0.data_ptr(),
+        _ptr(f), cf, x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2,
+        c0.data_ptr(),
         w_q.data_ptr(), b_q.data_ptr(), w_kv.data_ptr(), b_kv.data_ptr(), w_o.data_ptr(),
         b_o.data_ptr(), ln_w.data_ptr(), ln_b.data_ptr(), float(ln_eps), vh.data_ptr(),
         q.data_ptr(), qk.data_ptr(), qb.data_ptr(), s.data_ptr(), alpha.data_ptr(),
@@ -258,19 +261,19 @@ def _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw,
         raise RuntimeError(f"attention layer: the compiled call failed ({rc})")
     return z, (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s,
                alpha, agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b,
-               qmap, qrows, hq, nq)
+               qmap, qrows, hq, nq, f)
 
 
 def _whole_backward(ctx, gz: Tensor):
     """:meth:`AttentionLayer.backward` as one call of ``tgl_att_layer_bwd``."""
     (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s, alpha, agg,
      asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b, qmap, qrows, hq,
-     nq) = ctx.saved_tensors
+     nq, f) = ctx.saved_tensors
     need = ctx.needs_input_grad
     H, att = ctx.H, ctx.att
     (D, d), (M, _), (U, dn) = q.shape, s.shape, h.shape
-    cx, dtd = x.size(1), te_w.numel()
-    C = dn + cx
+    cf, cx, dtd = (0 if f is None else f.size(1)), x.size(1), te_w.numel()
+    C = dn + cf + cx
     e = torch.empty
     gz = gz.contiguous()
     g_h, g_wq, g_bq = e(U, dn), torch.empty_like(w_q), e(d)
@@ -283,8 +286,8 @@ def _whole_backward(ctx, gz: Tensor):
     Dq = int(nq[0])
     g_hq = e(Dq, dn)
     rc = att.tgl_att_layer_bwd(
-        D, M, U, H, dn, cx, d, dtd, gz.data_ptr(), h.data_ptr(), idx.data_ptr(), x.data_ptr(),
-        ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2, dt.data_ptr(), _ptr(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
+        D, M, U, H, dn, cx, d, dtd, gz.data_ptr(), h.data_ptr(), idx.data_ptr(), _ptr(f), cf,
+        x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2, dt.data_ptr(), _ptr(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
         w_kv.data_ptr(), b_kv.data_ptr(), w_o.data_ptr(), ln_w.data_ptr(), vh.data_ptr(),
         q.data_ptr(), qk.data_ptr(), s.data_ptr(), alpha.data_ptr(), agg.data_ptr(),
         asum.data_ptr(), r.data_ptr(), mean.data_ptr(), rstd.data_ptr(), g_h.data_ptr(),
