@@ -451,21 +451,6 @@ static void fill_rows(float *out, int64_t n, int64_t w, int64_t ld, const float 
 /* workers for a row loop over n elements: one below ~32k (as the pointwise kernel) */
 static int row_workers(int threads, int64_t n) { return n < 32768 || threads < 1 ? 1 : threads; }
 
-/* out[t] = sum over rows i (in order) of a[i * lda + t] (w columns), float; by columns
- * (col_workers in _blas.h) */
-static void col_sums(float *restrict out, const float *restrict a, int64_t n, int64_t w,
-                     int64_t lda, int threads) {
-  const int nw = col_workers(threads, n, w);
-  int k;
-#pragma omp parallel for num_threads(nw) schedule(static)
-  for (k = 0; k < nw; ++k) {
-    int64_t t0, t1;
-    col_share(w, k, nw, &t0, &t1);
-    for (int64_t t = t0; t < t1; ++t) out[t] = 0.f;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t t = t0; t < t1; ++t) out[t] += a[i * lda + t];
-  }
-}
 
 static inline float sum_f(const float *a, int64_t n) {   /* fixed order, as dot() */
   int64_t i = 0;

@@ -51,6 +51,21 @@ static void col_share(int64_t w, int k, int nw, int64_t *t0, int64_t *t1) {
   if (*t1 > w) *t1 = w;
 }
 
+/* out[t] = sum over rows i (in order) of a[i * lda + t] (w columns), float, by columns */
+static void col_sums(float *restrict out, const float *restrict a, int64_t n, int64_t w,
+                     int64_t lda, int threads) {
+  const int nw = col_workers(threads, n, w);
+  int k;
+#pragma omp parallel for num_threads(nw) schedule(static)
+  for (k = 0; k < nw; ++k) {
+    int64_t t0, t1;
+    col_share(w, k, nw, &t0, &t1);
+    for (int64_t t = t0; t < t1; ++t) out[t] = 0.f;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t t = t0; t < t1; ++t) out[t] += a[i * lda + t];
+  }
+}
+
 /* 1 when gemm computes a 2 x 3 by 3 x 2 product right in all four transpose cases */
 static int gemm_check(void) {
   if (!SGEMM) return 0;

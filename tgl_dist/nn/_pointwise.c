@@ -420,16 +420,7 @@ int tgl_gru_cell_bwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *
   if (g_bih || g_bhh) {   /* column sums over the rows in order, by columns (_blas.h) */
     float *gb = malloc((size_t)l4 * sizeof(float));
     if (!gb) abort();
-    const int nw = col_workers(threads, U, l4);
-    int p;
-#pragma omp parallel for num_threads(nw) schedule(static)
-    for (p = 0; p < nw; ++p) {
-      int64_t t0, t1;
-      col_share(l4, p, nw, &t0, &t1);
-      for (int64_t t = t0; t < t1; ++t) gb[t] = 0.f;
-      for (int64_t i = 0; i < U; ++i)
-        for (int64_t t = t0; t < t1; ++t) gb[t] += g_all[i * l4 + t];
-    }
+    col_sums(gb, g_all, U, l4, l4, threads);
     if (g_bih) memcpy(g_bih, gb, (size_t)(3 * H) * sizeof(float));
     if (g_bhh) {
       memcpy(g_bhh, gb, (size_t)(2 * H) * sizeof(float));
