@@ -448,9 +448,8 @@ static void fill_rows(float *out, int64_t n, int64_t w, int64_t ld, const float 
   for (int64_t i = 0; i < n; ++i) memcpy(out + i * ld, v, (size_t)w * sizeof(float));
 }
 
-/* workers for a row loop over n elements: one below ~32k (as the pointwise kernel) */
-static int row_workers(int threads, int64_t n) { return n < 32768 || threads < 1 ? 1 : threads; }
-
+/* workers for a row loop over n elements (workers in _blas.h, no cap by blocks) */
+static int row_workers(int threads, int64_t n) { return workers(threads, n, threads); }
 
 static inline float sum_f(const float *a, int64_t n) {   /* fixed order, as dot() */
   int64_t i = 0;

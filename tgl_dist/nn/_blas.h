@@ -1,5 +1,5 @@
 /* torch's own BLAS for the model kernels' whole-node calls (_attention.c, _pointwise.c),
- * and the column split of their loops.
+ * and how their loops are shared among threads.
  *
  * The kernel library is handed the address of the Fortran sgemm_ libtorch_cpu exports
  * (tgl_dist/sampling/_ckernel.py: set_blas), the one torch's own CPU products call, and
@@ -33,15 +33,20 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A
   SGEMM(&cb, &ca, &M, &N, &K, &one, B, &la, A, &lb, &beta, C, &lc);
 }
 
+/* workers for a loop over n elements in `blocks` independent blocks: one below ~32k
+ * elements (a parallel region costs a few microseconds), at most one per block */
+static int workers(int threads, int64_t n, int64_t blocks) {
+  int t = threads < 1 ? 1 : threads;
+  if (n < 32768) t = 1;
+  return t > blocks ? (int)(blocks > 0 ? blocks : 1) : t;
+}
+
 /* Column loops of both kernels (sums over rows, scatters of rows that may hit a row twice)
  * are split by columns, in blocks of 8: each column still runs over the rows in order, so
  * the result does not depend on the number of workers. col_workers: workers for n rows of
- * w columns (one below ~32k elements: a parallel region costs a few microseconds);
- * col_share: worker k's columns [t0, t1) among nw. */
+ * w columns; col_share: worker k's columns [t0, t1) among nw. */
 static int col_workers(int threads, int64_t n, int64_t w) {
-  const int64_t nb = (w + 7) / 8;
-  const int t = n * w < 32768 || threads < 1 ? 1 : threads;
-  return t > nb ? (int)(nb > 0 ? nb : 1) : t;
+  return workers(threads, n * w, (w + 7) / 8);
 }
 static void col_share(int64_t w, int k, int nw, int64_t *t0, int64_t *t1) {
   const int64_t nb = (w + 7) / 8;

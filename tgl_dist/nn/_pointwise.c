@@ -97,13 +97,6 @@ static inline float sin_q(float r, float q) {
 
 static int64_t nblocks(int64_t M) { return (M + ROWS - 1) / ROWS; }
 
-/* workers for n elements: one below ~32k (a parallel region costs a few microseconds) */
-static int workers(int threads, int64_t n, int64_t blocks) {
-  int t = threads < 1 ? 1 : threads;
-  if (n < 32768) t = 1;
-  return t > blocks ? (int)(blocks > 0 ? blocks : 1) : t;
-}
-
 TGL_CLONES
 static void enc_fwd_rows(int64_t i0, int64_t i1, int64_t d, const float *restrict dt,
                          const float *restrict w, const float *restrict b, float *restrict out,
