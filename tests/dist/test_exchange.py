@@ -20,6 +20,20 @@ def test_partition_book_round_trip():
     empty.check_world(2)
 
 
+def test_partition_book_lookup_shapes_and_bad_ids():
+    book = PartitionBook(torch.tensor([1, 0, 2, 1, 0, 0, 2]))
+    ids = torch.tensor([[6, 0], [3, 1]])            # any shape in, the same shape out
+    assert torch.equal(book.to_owner(ids), torch.tensor([[2, 1], [1, 0]]))
+    assert torch.equal(book.to_local(ids), torch.tensor([[1, 0], [1, 0]]))
+    assert book.to_local(torch.tensor(4)).shape == ()
+    assert book.to_owner(torch.empty(0, dtype=torch.long)).numel() == 0
+    for bad in (-1, 7):    # -1 must not wrap to the last node's entry
+        with pytest.raises(IndexError):
+            book.to_local(torch.tensor([0, bad]))
+        with pytest.raises(IndexError):
+            book.to_owner(torch.tensor([bad]))
+
+
 def _fetch_worker():
     from tgl_dist import DistributedContext
     ctx = DistributedContext.init()
