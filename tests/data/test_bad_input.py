@@ -283,6 +283,32 @@ def test_a_json_file_is_pointed_to_the_snapshot_loaders(tmp_path):
         infer_format(q)
 
 
+def test_four_comma_fields_are_not_guessed_as_snap_signed(tmp_path):
+    """src,dst,time,weight is as common as SNAP's SOURCE,TARGET,RATING,TIME: guessing the
+    latter read the weights as times and trained on one timestamp without an error."""
+    from tgl_dist.data.loaders import infer_format
+    p = write(tmp_path / "events.csv", "# src,dst,time,weight\n\n24,48,0,1.0\n1,2,3,1.0\n")
+    with pytest.raises(DataFormatError, match="ambiguous.*--format snap-signed") as ei:
+        infer_format(p)
+    check(ei, p, 3, None)
+    # what does decide it: SNAP's file name, its header, or three fields
+    assert infer_format(write(tmp_path / "soc-sign-x.csv", "24,48,0,1\n")) == "snap-signed"
+    assert infer_format(write(tmp_path / "h.csv", "SOURCE,TARGET,RATING,TIME\n1,2,1,10\n")) \
+        == "snap-signed"
+    assert infer_format(write(tmp_path / "three.csv", "24,48,0\n1,2,3\n")) == "snap"
+
+
+def test_a_header_where_none_is_taken_is_named_as_one(tmp_path):
+    p = write(tmp_path / "e.csv", "src,dst,time\n1,2,3\n2,3,4\n")
+    with pytest.raises(DataFormatError, match=r"'src' is not a number \(a header line\?.*'#'") as ei:
+        load_snap(p)
+    check(ei, p, 1, "src")
+    assert load_snap(write(tmp_path / "c.csv", "# src,dst,time\n1,2,3\n")).num_events == 1
+    p = write(tmp_path / "t.csv", "1,2,3\n2,x,4\n")       # a typo in a data row: no hint
+    with pytest.raises(DataFormatError, match=r"'x' is not a number$"):
+        load_snap(p)
+
+
 def test_auto_header_is_a_line_without_numbers_and_a_typo_is_reported(tmp_path):
     """A first row with one mistyped field is data (reported), not a header (dropped)."""
     p = write(tmp_path / "s.csv", "1,2,5,1O0\n2,3,4,101\n3,4,1,102\n")

@@ -80,10 +80,17 @@ def test_dyglib_features_follow_remap(tmp_path):
     assert g.labels.tolist() == [1, 0, 0]
 
 
-def test_dyglib_without_npy_files_remaps_ids(tmp_path):
+def test_dyglib_without_npy_files_remaps_ids(tmp_path, caplog):
     write(tmp_path / "ml_bare.csv", ",u,i,ts,label,idx\n0,5,9,1,0,1\n1,9,7,2,0,2\n")
-    g = load_dyglib(tmp_path / "ml_bare.csv")
+    with caplog.at_level("WARNING", logger="tgl_dist.data.loaders.dyglib"):
+        g = load_dyglib(tmp_path / "ml_bare.csv")
     assert g.node_map.tolist() == [5, 7, 9] and g.edge_attr is None and g.node_feat is None
+    assert "no ml_bare.npy and no ml_bare_node.npy" in caplog.text  # a lost file is not silent
+    caplog.clear()
+    np.save(tmp_path / "ml_bare.npy", np.zeros((3, 2)))
+    with caplog.at_level("WARNING", logger="tgl_dist.data.loaders.dyglib"):
+        assert load_dyglib(tmp_path / "ml_bare.csv").edge_attr.shape == (2, 2)
+    assert "no ml_bare_node.npy beside it, so the graph has no node features" in caplog.text
 
 
 def test_pyg_round_trip_both_ways(tmp_path):

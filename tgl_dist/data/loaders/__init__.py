@@ -48,8 +48,11 @@ def infer_format(path: PathLike) -> str:
 
     Rules, in order: ``.pt``/``.pth`` -> pyg; ``ml_*.csv`` -> dyglib; ``out.*`` -> konect;
     ``soc-sign-*`` -> snap-signed; a first line starting with ``%`` -> konect; a header
-    ``user_id,...`` -> jodie; a header ``,u,i,ts,...`` -> dyglib; data lines with 3 fields
-    -> snap; 4 comma-separated fields -> snap-signed.
+    ``user_id,...`` -> jodie; a header ``,u,i,ts,...`` -> dyglib; a header
+    ``SOURCE,TARGET,RATING,TIME`` -> snap-signed; data lines with 3 fields -> snap.
+    Four comma-separated fields without that name or header are refused: SNAP's signed
+    layout has the time last, the common ``src,dst,time,weight`` has it third, and a
+    wrong guess would read weights as times without any error.
 
     Raises:
         DataFormatError: when none of the rules decides (pass ``format=`` then).
@@ -64,7 +67,8 @@ def infer_format(path: PathLike) -> str:
         return "konect"
     if n.startswith("soc-sign-"):
         return "snap-signed"
-    lines = [ln for ln in head_lines(path, 50) if ln.strip()]
+    raw = head_lines(path, 50)
+    lines = [ln for ln in raw if ln.strip()]
     if not lines:
         raise DataFormatError(path, "empty file: cannot infer its format")
     first = lines[0]
@@ -75,13 +79,21 @@ def infer_format(path: PathLike) -> str:
         return "jodie"
     if low.startswith(",u,i,ts") or low.startswith("u,i,ts"):
         return "dyglib"
+    if low.startswith("source,target,rating,time"):
+        return "snap-signed"
     data = [ln for ln in lines if not ln.startswith(("#", "%"))]
     if data:
         fields = data[0].replace(",", " ").replace("\t", " ").split()
         if len(fields) == 3:
             return "snap"
         if len(fields) == 4 and "," in data[0]:
-            return "snap-signed"
+            raise DataFormatError(
+                path, "4 comma-separated fields: the format is ambiguous, so it is not "
+                "guessed. format='snap-signed' (--format snap-signed) reads SNAP's signed "
+                "layout SOURCE,TARGET,RATING,TIME (time last, rating as an edge feature); "
+                "a file with the time in another column (src,dst,time,weight) is read by "
+                "no loader as it is: keep 'src,dst,time' (format='snap') or write it in "
+                "the layout of a listed format", line=raw.index(data[0]) + 1)
     if n.endswith(".json"):
         raise DataFormatError(path, "a .json file is snapshot (DTDG) data in PyTorch Geometric "
                               "Temporal's layout: load it with tgl_dist.dtdg.load_pgt_json and "

@@ -321,10 +321,15 @@ def _scan_for_bad_field(path: Path, raw: bytes, starts: np.ndarray, ends: np.nda
     """
     for s, e in zip(starts.tolist(), ends.tolist()):
         toks = raw[s:e].replace(b",", b" ").replace(b"\t", b" ").split(b" ")
-        for c, tok in enumerate(t.decode("utf-8", "replace") for t in toks if t):
+        fields = [t.decode("utf-8", "replace") for t in toks if t]
+        for c, tok in enumerate(fields):
             if not _is_number(tok):
                 lineno = raw.count(b"\n", 0, s) + 1
-                raise DataFormatError(path, f"{tok!r} is not a number", line=lineno, field=name(c)) from None
+                hint = ("" if any(map(_is_number, fields)) else
+                        " (a header line? this format takes none here: delete the line, or "
+                        "start it with '#' to keep it as a comment)")
+                raise DataFormatError(path, f"{tok!r} is not a number{hint}", line=lineno,
+                                      field=name(c)) from None
 
 
 # ---------------------------------------------------------------- column checks

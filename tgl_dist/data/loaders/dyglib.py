@@ -106,6 +106,13 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
         check_finite(ef, edge_npy, "edge features", lines=idx)     # names the row of the .npy
         edge_attr = torch.from_numpy(ef)
     log.info("read %s: %d events, %d nodes", csv_path, E, N)
+    missing = [f.name for want, f in ((edge_features, edge_npy), (node_features, node_npy))
+               if want and not f.is_file()]
+    if missing:   # DyGLib ships both files, so a missing one is more likely lost than meant
+        log.warning("%s: no %s beside it, so the graph has no %s", csv_path,
+                    " and no ".join(missing),
+                    "features" if len(missing) == 2 else
+                    ("edge features" if missing[0] == edge_npy.name else "node features"))
     base = stem(csv_path)
     return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=N, edge_attr=edge_attr,
                                 node_feat=node_feat, labels=labels, node_map=node_map,
