@@ -65,7 +65,7 @@ from tgl_dist.metrics import EarlyStopMonitor, LinkPredMetrics  # noqa: E402
 from tgl_dist.models import (broadcast_parameters, build_model, build_optimizer,  # noqa: E402
                              load_config, run_epoch)
 from tgl_dist.partition import partition_graph, partition_load  # noqa: E402
-from tgl_dist.partition.storage import written_from  # noqa: E402
+from tgl_dist.partition.storage import MANIFEST, written_from  # noqa: E402
 from tgl_dist.sampling import NegativeSampling, NeighborSampler  # noqa: E402
 
 log = logging.getLogger("train_tgn")
@@ -112,6 +112,38 @@ def median(xs):
     return sorted(xs)[len(xs) // 2] if xs else float("nan")
 
 
+def check_parts_root(root: Path) -> None:
+    """``ValueError`` when ``--parts`` names a level below the partition root: one
+    partition (``<root>/<name>/<algo>_<P>``, which holds the manifest) or one dataset's
+    partitions (``<root>/<name>``). Either would get a new partition written inside it."""
+    if (root / MANIFEST).is_file():
+        raise ValueError(f"--parts {root} is one partition (it holds {MANIFEST}); --parts takes "
+                         f"the root that python -m tgl_dist.partition --out wrote into: "
+                         f"--parts {root.parent.parent}")
+    if root.is_dir() and any((d / MANIFEST).is_file() for d in root.iterdir() if d.is_dir()):
+        raise ValueError(f"--parts {root} holds one dataset's partitions; --parts takes the "
+                         f"folder above it (the --out of python -m tgl_dist.partition): "
+                         f"--parts {root.parent}")
+
+
+def check_splits(g, data: str) -> None:
+    """``ValueError`` when the chronological split leaves train, validation or test empty:
+    validation and test are the events after the 70 % and 85 % quantiles of time, so a
+    stream with (nearly) one timestamp, e.g. a column read as time that is not one, has
+    no validation or test events, and every metric would be NaN."""
+    counts = {k: int(g.masks[k].sum()) for k in ("train", "val", "test")}
+    empty = [k for k, n in counts.items() if n == 0]
+    if empty:
+        raise ValueError(
+            f"{data}: the chronological split leaves {' and '.join(empty)} without events "
+            f"(train/val/test {counts['train']}/{counts['val']}/{counts['test']} of "
+            f"{g.num_events}; {int(g.t.unique().numel())} distinct timestamps from "
+            f"{float(g.t.min()) if g.num_events else 0:g} to "
+            f"{float(g.t.max()) if g.num_events else 0:g}). Validation and test are the "
+            f"events after the 70 % and 85 % quantiles of time: check that the column read "
+            f"as time is the time (--format)")
+
+
 def ensure_partition(args, ctx) -> Path:
     """Rank 0 loads the dataset and partitions it if ``parts/<name>/<algo>_<P>`` is absent
     or was written from other data (its manifest's fingerprint differs: an edited file, or
@@ -123,7 +155,9 @@ def ensure_partition(args, ctx) -> Path:
             from tgl_dist.data import load_dataset
             kw = {k: v for k, v in (("num_nodes", args.num_nodes), ("num_events", args.num_events),
                                     ("seed", args.data_seed)) if v is not None}
+            check_parts_root(Path(args.parts))
             g = load_dataset(args.data, root=args.root, format=args.format, **kw)
+            check_splits(g, args.data)
             folder = Path(args.parts) / g.name
             part = folder / f"{args.partition_algo}_{ctx.world_size}"
             if args.repartition or not written_from(part, g.fingerprint()):

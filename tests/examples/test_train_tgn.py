@@ -102,3 +102,28 @@ def test_a_partition_of_other_data_is_written_again(tmp_path):
                                                                 "--data-seed", "3",
                                                                 "--repartition"]), ctx)
     assert (part / "manifest.json").stat().st_mtime_ns != written       # --repartition: rewritten
+
+
+def test_parts_below_the_root_and_a_split_without_events_are_refused(tmp_path):
+    """--parts given the printed partition folder used to get a new partition written
+    inside it; a stream on one timestamp (a weight column read as time) used to train and
+    end with NaN metrics and exit status 0."""
+    import types
+    mod = load_script(SCRIPT, "_tgn_refused")
+    ctx = types.SimpleNamespace(rank=0, world_size=1)
+    run = lambda *a: mod.ensure_partition(mod.build_parser().parse_args(list(a)), ctx)  # noqa: E731
+    root = tmp_path / "parts"
+    folder = run("--parts", str(root), "--num-nodes", "60", "--num-events", "900")
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    for below, hint in ((folder / "metis_for_tgnn_1", "is one partition"),
+                        (folder, "holds one dataset's partitions")):
+        with pytest.raises(SystemExit, match=f"{hint}.*--parts {root}$"):
+            run("--parts", str(below), "--num-nodes", "60", "--num-events", "900")
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before   # nothing nested
+    csv_path = tmp_path / "events.csv"   # SOURCE,TARGET,RATING,TIME with a constant "time"
+    csv_path.write_text("SOURCE,TARGET,RATING,TIME\n" +
+                        "".join(f"{i % 7},{7 + i % 5},{i},1\n" for i in range(200)))
+    with pytest.raises(SystemExit, match=r"leaves val and test without events \(train/val/test "
+                                         r"200/0/0 of 200; 1 distinct timestamps"):
+        run("--parts", str(tmp_path / "p2"), "--data", str(csv_path))
+    assert not (tmp_path / "p2").exists()
