@@ -146,3 +146,19 @@ def test_all_gather_v_world_of_one_is_a_copy_and_refuses_scalars():
     assert x[0] == 0.0                    # as with several ranks: not the caller's tensor
     with pytest.raises(ValueError, match="needs at least one dimension"):
         all_gather_v(torch.tensor(5.0))
+
+
+def test_a_launched_process_without_a_group_is_warned_once(monkeypatch, caplog):
+    """torchrun without DistributedContext.init(): each process would run alone, silently."""
+    import tgl_dist.dist.exchange as ex
+    from tgl_dist.dist import world
+    monkeypatch.setattr(ex, "_warned_no_group", False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with caplog.at_level("WARNING", logger="tgl_dist.dist.exchange"):
+        assert world() == (0, 1)
+    assert caplog.text == ""                       # a plain world of one: nothing to say
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with caplog.at_level("WARNING", logger="tgl_dist.dist.exchange"):
+        assert world() == (0, 1) and world() == (0, 1)
+    assert caplog.text.count("WORLD_SIZE=2 but no process group is initialised") == 1
+    assert "DistributedContext.init()" in caplog.text

@@ -20,6 +20,12 @@ def test_worked_example_runs_and_writes_memory():
     assert mb.memory.shape == (ns["pdata"].ids.shape[0], 16)
     assert float(mb.memory.abs().sum()) > 0 and float(mb.memory_ts.max()) > 0
     assert torch.isfinite(ns["loss"])
+    # it learns, as the page says (measured: 1.384 over the first five steps, 1.333 over
+    # the last five; the memory stays bounded, where an unmixed update grew to norm 130)
+    losses = ns["losses"]
+    assert len(losses) == 21
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.02, losses
+    assert float(mb.memory.abs().max()) <= 1.0
     # the two get_update_* calls returned the same index, as the page says
     sd, src, dst = ns["sd"], ns["src"], ns["dst"]
     rows = torch.cat([src, dst])

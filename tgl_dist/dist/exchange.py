@@ -16,6 +16,8 @@ Worked example (2 ranks, node owners ``[0, 1, 0, 1]``)::
 """
 from __future__ import annotations
 
+import logging
+import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -24,10 +26,24 @@ from torch import Tensor
 
 from tgl_dist.errors import PeerFailureError
 
+log = logging.getLogger(__name__)
+_warned_no_group = False
+
 
 def world(group: Optional[dist.ProcessGroup] = None) -> Tuple[int, int]:
-    """``(rank, world_size)`` in ``group`` (``(0, 1)`` without a process group)."""
+    """``(rank, world_size)`` in ``group`` (``(0, 1)`` without a process group).
+
+    Without a process group in a process that a launcher started as one of several
+    (``WORLD_SIZE`` > 1 in its environment: torchrun forgot ``DistributedContext.init()``)
+    this logs a warning, once: every process would silently run alone.
+    """
     if not dist.is_initialized():
+        global _warned_no_group
+        if not _warned_no_group and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1"):
+            _warned_no_group = True
+            log.warning("WORLD_SIZE=%s but no process group is initialised: this process runs "
+                        "as a world of one, alone (call tgl_dist.DistributedContext.init() "
+                        "first to train together)", os.environ["WORLD_SIZE"])
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
 
