@@ -287,7 +287,8 @@ def _whole_backward(ctx, gz: Tensor):
     g_hq = e(Dq, dn)
     rc = att.tgl_att_layer_bwd(
         D, M, U, H, dn, cx, d, dtd, gz.data_ptr(), h.data_ptr(), idx.data_ptr(), _ptr(f), cf,
-        x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2, dt.data_ptr(), _ptr(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
+        x.data_ptr(), ptr.data_ptr(), _ptr(att_mask), _ptr(out_mask), 0.2, dt.data_ptr(),
+        _ptr(sinz), c0.data_ptr(), te_b.data_ptr(), w_q.data_ptr(),
         w_kv.data_ptr(), b_kv.data_ptr(), w_o.data_ptr(), ln_w.data_ptr(), vh.data_ptr(),
         q.data_ptr(), qk.data_ptr(), s.data_ptr(), alpha.data_ptr(), agg.data_ptr(),
         asum.data_ptr(), r.data_ptr(), mean.data_ptr(), rstd.data_ptr(), g_h.data_ptr(),
