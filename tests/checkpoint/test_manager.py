@@ -242,7 +242,7 @@ def test_hand_edited_manifest_without_a_field_names_it(tmp_path, field):
 
 
 def test_hand_edited_files_entry_and_unreadable_file(tmp_path):
-    from tgl_dist.partition.storage import sha256_file
+    from tgl_dist.integrity import sha256_file
     ck = tmp_path / "ck"
     CheckpointManager(ck).save({"w": torch.ones(3)}, {"m": torch.ones(2)}, {"epoch": 1})
     mpath = ck / "v000001" / "manifest_0.json"

@@ -278,7 +278,7 @@ def test_load_hand_edited_manifest(written, edit, message):
 
 @pytest.mark.parametrize("content", [b"\0" * 4096, "truncated"], ids=["zero-filled", "truncated"])
 def test_load_unreadable_file_with_a_matching_checksum_says_corrupt(written, content):
-    from tgl_dist.partition.storage import sha256_file
+    from tgl_dist.integrity import sha256_file
     f = written / "part_0" / "events.pt"
     f.write_bytes(content if isinstance(content, bytes) else f.read_bytes()[:300])
     _edit_manifest(written, lambda m: m["files"]["part_0/events.pt"].update(
@@ -290,7 +290,7 @@ def test_load_unreadable_file_with_a_matching_checksum_says_corrupt(written, con
 
 def test_load_refused_class_is_named_not_called_corrupt(written):
     import fractions
-    from tgl_dist.partition.storage import sha256_file
+    from tgl_dist.integrity import sha256_file
     f = written / "part_0" / "events.pt"
     torch.save({"x": fractions.Fraction(1, 2)}, f)
     _edit_manifest(written, lambda m: m["files"]["part_0/events.pt"].update(

@@ -34,8 +34,7 @@ import torch
 
 from tgl_dist.dist.exchange import barrier, broadcast_object, world
 from tgl_dist.errors import TGLDistError
-from tgl_dist.partition.storage import (file_entry_ok, fsync_dir, sha256_file,
-                                        unreadable_reason)
+from tgl_dist.integrity import file_entry_ok, fsync_dir, sha256_file, unreadable_reason
 
 FORMAT_VERSION = 1
 _VDIR = re.compile(r"^v(\d{6})$")

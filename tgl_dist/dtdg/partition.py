@@ -32,7 +32,8 @@ from torch import Tensor
 from tgl_dist.dist import PartitionBook
 from tgl_dist.dtdg.graph_data import GraphData
 from tgl_dist.errors import PartitionError
-from tgl_dist.partition.storage import atomic_dir, save_tensors, write_manifest
+from tgl_dist.integrity import atomic_dir, save_tensors
+from tgl_dist.partition.storage import write_manifest
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,9 @@ from torch import Tensor
 
 from tgl_dist.dist import PartitionBook, world
 from tgl_dist.errors import PartitionError
+from tgl_dist.integrity import unreadable_reason
 from tgl_dist.partition.storage import (MANIFEST, check_manifest_ints, existing_folder,
-                                        read_manifest, unreadable_reason, verify_files)
+                                        read_manifest, verify_files)
 
 OptTensor = Optional[Tensor]
 MASK_NAMES = ("train", "val", "test", "inductive_train", "new_node_val", "new_node_test")

@@ -1,7 +1,7 @@
 """Write a partitioned temporal graph: ``partition_graph`` and the on-disk layout.
 
 Layout of ``OUT/<name>/<algo>_<P>/`` (written into a temporary sibling folder and
-renamed into place at the end, see :func:`tgl_dist.partition.storage.atomic_dir`)::
+renamed into place at the end, see :func:`tgl_dist.integrity.atomic_dir`)::
 
     manifest.json        format version, algorithm, P, counts, feature dims,
                          dataset fingerprint, stats, sha256 + size of every file
@@ -34,7 +34,8 @@ from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.partition.load import MASK_NAMES
 from tgl_dist.partition.registry import get_partitioner
 from tgl_dist.partition.stats import partition_stats
-from tgl_dist.partition.storage import atomic_dir, save_tensors, write_manifest
+from tgl_dist.integrity import atomic_dir, save_tensors
+from tgl_dist.partition.storage import write_manifest
 
 log = logging.getLogger(__name__)
 

@@ -163,7 +163,7 @@ def load_pyg(path: PathLike, name: Optional[str] = None, trusted: bool = False) 
         with torch.serialization.safe_globals([TemporalData, GlobalStorage]):
             obj = torch.load(path, map_location="cpu", weights_only=not trusted)
     except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError) as exc:
-        from tgl_dist.partition.storage import unreadable_reason  # (partition imports data)
+        from tgl_dist.integrity import unreadable_reason
         why = unreadable_reason(path, exc)
         hint = ("; if you trust the file, pass trusted=True" if "safe loading refuses" in why
                 and not trusted else "")
