@@ -45,7 +45,9 @@ def worker(args) -> dict:
     from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
     from tgl_dist.loader import DistributedDataLoader
     from tgl_dist.memory import SharedMailBox
-    from tgl_dist.models import broadcast_parameters, build_model, build_optimizer, load_config, run_epoch
+    from tgl_dist.ctdg import build_model, load_config, run_epoch
+    from tgl_dist.optim import build_optimizer
+    from tgl_dist.dist import broadcast_parameters
     from tgl_dist.partition import partition_graph, partition_load
     from tgl_dist.sampling import NegativeSampling, NeighborSampler
 

@@ -8,7 +8,7 @@
 The model and data are those of ``benchmarks/train_throughput.py`` (PyG's
 ``examples/tgn.py`` sizes: memory / time / embedding 100, batch 200, 10 recent
 neighbours, one attention layer). After ``--warmup`` steps it times ``--steps`` training
-steps of the first epoch, split into the phases of :func:`tgl_dist.models.run_epoch`:
+steps of the first epoch, split into the phases of :func:`tgl_dist.ctdg.run_epoch`:
 
 - ``load``: the loader's next batch (negatives, sampling, memory and mail fetch),
 - ``forward``: model and loss, ``backward``: ``loss.backward()`` and the start of the
@@ -76,9 +76,10 @@ from tgl_dist.data import load_dataset  # noqa: E402
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  # noqa: E402
 from tgl_dist.loader import DistributedDataLoader  # noqa: E402
 from tgl_dist.memory import SharedMailBox  # noqa: E402
-from tgl_dist.models import build_model, build_optimizer, parse_config  # noqa: E402
-from tgl_dist.models.parallel import all_reduce_gradients, broadcast_parameters  # noqa: E402
-from tgl_dist.models.training import link_loss  # noqa: E402
+from tgl_dist.ctdg import build_model, parse_config  # noqa: E402
+from tgl_dist.optim import build_optimizer  # noqa: E402
+from tgl_dist.dist.parallel import all_reduce_gradients, broadcast_parameters  # noqa: E402
+from tgl_dist.ctdg.training import link_loss  # noqa: E402
 from tgl_dist.nn._attention_kernel import get_attention_kernel  # noqa: E402
 from tgl_dist.nn._pointwise import KERNEL as POINTWISE  # noqa: E402
 from tgl_dist.partition import partition_graph, partition_load  # noqa: E402

@@ -104,6 +104,10 @@ def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps") 
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT,
                    help="seconds a collective waits for a peer; a dead or stuck rank makes the "
                         "others fail with PeerFailureError after at most this long")
+    p.add_argument("--malloc-defaults", action="store_true",
+                   help="leave glibc's malloc settings alone (by default this script makes "
+                        "malloc keep freed memory for the next step's temporaries: "
+                        "tgl_dist.context.keep_freed_memory)")
     p.add_argument("--checkpoint-dir", type=folder_path, default=None, help="write versioned checkpoints here")
     p.add_argument("--checkpoint-every", default="1e",
                    help=f"N (or Ns): every N {step}, counted over the run; Ne: every N epochs. "
@@ -133,14 +137,16 @@ def parse_run_arguments(p: argparse.ArgumentParser, argv: Optional[List[str]] = 
 
 def init_context(args: argparse.Namespace):
     """``DistributedContext.init`` from :func:`add_run_arguments`' ``--device``,
-    ``--backend`` and ``--timeout``; a combination that cannot work (NCCL on CPUs, CUDA
+    ``--backend`` and ``--timeout``, with glibc's allocator tuned for training unless
+    ``--malloc-defaults`` (:func:`tgl_dist.context.keep_freed_memory`); a combination that cannot work (NCCL on CPUs, CUDA
     asked for on a machine without it, more processes than GPUs with NCCL) exits with
     ``error: ...``."""
     from tgl_dist.context import DistributedContext
     use_gpu = {"auto": None, "cpu": False, "cuda": True}[args.device]
     try:
         return DistributedContext.init(backend=args.backend, use_gpu=use_gpu,
-                                       timeout=args.timeout)
+                                       timeout=args.timeout,
+                                       keep_freed_memory=not getattr(args, "malloc_defaults", False))
     except ValueError as e:
         raise SystemExit(f"error: --device {args.device} --backend {args.backend or 'default'}: "
                          f"{e}") from None

@@ -62,8 +62,9 @@ from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph  #
 from tgl_dist.loader import DistributedDataLoader  # noqa: E402
 from tgl_dist.memory import SharedMailBox  # noqa: E402
 from tgl_dist.metrics import EarlyStopMonitor, LinkPredMetrics  # noqa: E402
-from tgl_dist.models import (broadcast_parameters, build_model, build_optimizer,  # noqa: E402
-                             load_config, run_epoch)
+from tgl_dist.ctdg import build_model, load_config, run_epoch
+from tgl_dist.optim import build_optimizer
+from tgl_dist.dist import broadcast_parameters
 from tgl_dist.partition import partition_graph, partition_load  # noqa: E402
 from tgl_dist.partition.storage import MANIFEST, written_from  # noqa: E402
 from tgl_dist.sampling import NegativeSampling, NeighborSampler  # noqa: E402

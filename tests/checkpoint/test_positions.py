@@ -52,7 +52,7 @@ def test_start_step_skips_without_changing_later_steps(graph, policy, strategy, 
 
 
 def test_run_epoch_hook_and_resume_give_the_same_accumulators():
-    from tgl_dist.models.training import run_epoch
+    from tgl_dist.ctdg.training import run_epoch
 
     class Out(tuple):
         pass

@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from tgl_dist.checkpoint import (CheckpointError, Every, RunCheckpoint, capture, join_nested,
-                                 maybe_inject_fault, restore, split_nested, split_state_dict)
+                                 restore, split_nested, split_state_dict)
 from tgl_dist.dist import PartitionBook
-from tgl_dist.models.optim import build_optimizer
+from tgl_dist.optim import build_optimizer
+from tgl_dist.testing import maybe_inject_fault
 from tgl_dist.nn import DistEmbedding
 
 

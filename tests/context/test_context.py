@@ -192,6 +192,18 @@ def test_freed_tensor_memory_is_reused_without_page_faults():
     assert int(theirs[1]) > 40 * 2000
 
 
+
+def test_init_leaves_malloc_alone_unless_asked():
+    """``DistributedContext.init()`` changes no process-wide allocator setting by default;
+    ``keep_freed_memory=True`` opts in."""
+    code = ("import tgl_dist.context as c; c.DistributedContext.init(use_gpu=False); "
+            "print(c._malloc_set); c.DistributedContext.init(use_gpu=False, "
+            "keep_freed_memory=True); print(c._malloc_set is not None)")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout.split()
+    assert out == ["None", "True"]
+
 _LAST_COLLECTIVE = """
 import torch, torch.distributed as dist
 from tgl_dist import DistributedContext

@@ -233,7 +233,7 @@ def test_no_kernel_env_selects_the_torch_paths_silently():
 
 def test_missing_compiler_warns_once_and_layers_still_work(tmp_path):
     code = ("import logging, sys, torch; logging.basicConfig(stream=sys.stdout);"
-            "sys.path.insert(0, 'tests/models');"
+            "sys.path.insert(0, 'tests/ctdg');"
             "from blocks_util import make_batch;"
             "from tgl_dist.nn import TemporalAttention;"
             "from tgl_dist.nn._attention_kernel import get_attention_kernel as g;"

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tgl_dist.models import ConfigError, load_config, parse_config
+from tgl_dist.ctdg import ConfigError, load_config, parse_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TGN = (CONFIGS / "TGN.yml").read_text()
@@ -130,7 +130,7 @@ def test_replace_checks_the_fields_together_as_a_file_is(over, field):
 def test_tgn_attention_heads_must_divide_its_query_when_built():
     """The 'tgn' attention's query width (node + time) depends on the data's features, so
     its check runs in build_model, as a ConfigError naming gnn.att_head."""
-    from tgl_dist.models import build_model
+    from tgl_dist.ctdg import build_model
     cfg = load_config(CONFIGS / "TGN_DyGLib.yml")
     assert cfg.gnn.att_variant == "tgn"
     bad = cfg.replace(gnn={"att_head": 7})
@@ -152,7 +152,7 @@ def test_a_node_embedding_that_could_never_train_is_refused(tmp_path):
 def test_yaml_merge_keys_still_load(tmp_path):
     """The repeated-key check looks at the keys written in a mapping, so YAML's merge key
     (<<: *anchor) works and a key may override a merged one."""
-    from tgl_dist.models.config import _UniqueKeyLoader
+    from tgl_dist.ctdg.config import _UniqueKeyLoader
     text = "a: &base {lr: 0.1, epoch: 3}\nb:\n  <<: *base\n  lr: 0.2\n"
     assert yaml.load(text, Loader=_UniqueKeyLoader) == yaml.safe_load(text) == {
         "a": {"lr": 0.1, "epoch": 3}, "b": {"lr": 0.2, "epoch": 3}}
@@ -163,7 +163,7 @@ def test_yaml_merge_keys_still_load(tmp_path):
 def test_the_builder_passes_every_model_field_on():
     # every shipped config uses att_head 2 and the same dim_time in memory and gnn: other
     # values must reach the modules, not be replaced by a default or another section's
-    from tgl_dist.models import build_model
+    from tgl_dist.ctdg import build_model
     from tgl_dist.nn import TemporalAttention, TGNAttention
     cfg = load_config(CONFIGS / "TGN.yml").replace(
         gnn={"att_head": 4, "dim_time": 12}, train={"dropout": 0.3, "att_dropout": 0.05})

@@ -5,7 +5,7 @@ import torch
 
 from blocks_util import make_batch
 from tgl_dist.memory import SharedMailBox
-from tgl_dist.models import ConfigError, build_model, parse_config
+from tgl_dist.ctdg import ConfigError, build_model, parse_config
 from tgl_dist.nn import TemporalAttention, TGNAttention
 from tgl_dist.nn.attention import padded_layout
 
@@ -84,7 +84,7 @@ def test_mails_that_start_with_the_memory_use_the_own_state_cell(monkeypatch, ce
     cell then reads that part from the memory with merged products. Same memory, loss and
     gradients as the cell on the whole mail."""
     from tgl_dist.memory import updaters
-    from tgl_dist.models import link_loss
+    from tgl_dist.ctdg import link_loss
     torch.manual_seed(0)
     cfg = parse_config({**CFG, "memory": {**CFG["memory"], "memory_update": cell,
                                           "time_delta": time_delta}})

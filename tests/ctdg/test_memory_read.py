@@ -8,7 +8,7 @@ from blocks_util import make_batch
 from tgl_dist.dist import PartitionBook
 from tgl_dist.memory import SharedMailBox
 from tgl_dist.memory.mailbox import MEMORY_KEYS, MemorySrcData
-from tgl_dist.models import build_model, parse_config
+from tgl_dist.ctdg import build_model, parse_config
 from tgl_dist.testing import run_distributed
 
 N = 12

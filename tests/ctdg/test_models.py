@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from blocks_util import make_batch
 from tgl_dist.memory import GRUMemoryUpdater, RNNMemoryUpdater, SharedMailBox
 from tgl_dist.memory.updaters import TransformerMemoryUpdater
-from tgl_dist.models import (ConfigError, all_reduce_gradients, broadcast_parameters, build_model,
-                             load_config, parse_config)
+from tgl_dist.ctdg import ConfigError, build_model, load_config, parse_config
+from tgl_dist.dist import all_reduce_gradients, broadcast_parameters
 from tgl_dist.nn import TemporalAttention, TimeEncode
 from tgl_dist.testing import run_distributed
 
@@ -249,7 +249,7 @@ def test_gradients_are_averaged_over_ranks():
 
 def _none_grad_worker():
     from tgl_dist import DistributedContext
-    from tgl_dist.models.parallel import reduce_gradients
+    from tgl_dist.dist.parallel import reduce_gradients
     ctx = DistributedContext.init()
     a, b, c = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
     a.grad = torch.full((3,), float(ctx.rank + 1))
@@ -287,7 +287,7 @@ def test_dedup_of_node_time_pairs_and_event_ids_is_exact(name, monkeypatch):
         mb.prepare_input(mfgs)
     with torch.no_grad():
         fast = model.embed(mfgs)
-        import tgl_dist.models.tgnn as tgnn
+        import tgl_dist.ctdg.tgnn as tgnn
         import tgl_dist.nn.attention as att
         monkeypatch.setattr(tgnn, "unique_node_time", lambda ids, ts: None)
         monkeypatch.setattr(att, "unique_first", lambda k: (torch.arange(k.numel()), torch.arange(k.numel())))

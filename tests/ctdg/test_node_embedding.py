@@ -8,10 +8,10 @@ import torch
 import yaml
 
 from blocks_util import make_batch
-from tgl_dist.models import (ConfigError, TrainOptimizer, build_model, build_optimizer,
-                             load_config, parse_config)
-from tgl_dist.models.builder import FeatureEmbeddingLinkModel
-from tgl_dist.models.training import link_loss
+from tgl_dist.ctdg import ConfigError, build_model, load_config, parse_config
+from tgl_dist.optim import TrainOptimizer, build_optimizer
+from tgl_dist.ctdg.builder import FeatureEmbeddingLinkModel
+from tgl_dist.ctdg.training import link_loss
 from tgl_dist.nn import DistEmbedding
 from tgl_dist.optim import SparseAdagrad, SparseAdam, SparseOptimizer
 from tgl_dist.testing import run_distributed
@@ -200,7 +200,8 @@ def _train_run(root: str, optimizer: str, steps: int):
     from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
     from tgl_dist.loader import DistributedDataLoader
     from tgl_dist.memory import SharedMailBox
-    from tgl_dist.models import broadcast_parameters, run_epoch
+    from tgl_dist.ctdg import run_epoch
+    from tgl_dist.dist import broadcast_parameters
     from tgl_dist.partition import partition_load
     from tgl_dist.sampling import NegativeSampling, NeighborSampler
 

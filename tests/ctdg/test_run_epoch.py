@@ -33,7 +33,7 @@ def _steps(rank: int, ws: int):
 
 def _train():
     from tgl_dist import DistributedContext
-    from tgl_dist.models import run_epoch
+    from tgl_dist.ctdg import run_epoch
 
     ctx = DistributedContext.init()
     model = Scores()
@@ -54,7 +54,7 @@ def test_two_ranks_with_uneven_and_empty_shares_step_like_one_process():
 
 
 def test_link_loss_share_scaling():
-    from tgl_dist.models import link_loss
+    from tgl_dist.ctdg import link_loss
     pos, neg = torch.tensor([0.5, -1.0, 2.0]), torch.tensor([0.1, 0.3, -0.2])
     plain = link_loss(pos, neg)
     assert torch.equal(link_loss(pos, neg, {"window": (10, 18)}, 1), plain)
@@ -67,7 +67,7 @@ def test_link_loss_share_scaling():
 
 
 def test_link_loss_on_several_ranks_needs_the_window():
-    from tgl_dist.models import link_loss
+    from tgl_dist.ctdg import link_loss
     pos = neg = torch.tensor([0.5])
     with pytest.raises(ValueError, match="window"):
         link_loss(pos, neg, None, 2)
@@ -78,7 +78,7 @@ def test_link_loss_on_several_ranks_needs_the_window():
 def test_memory_model_without_the_loaders_mailbox_is_a_clear_error():
     from types import SimpleNamespace
 
-    from tgl_dist.models import run_epoch
+    from tgl_dist.ctdg import run_epoch
 
     model = Scores()
     model.memory_updater = torch.nn.Identity()           # a model that keeps node memory
@@ -95,7 +95,7 @@ def test_memory_model_without_the_loaders_mailbox_is_a_clear_error():
 def _evaluate():
     from tgl_dist import DistributedContext
     from tgl_dist.metrics import LinkPredMetrics
-    from tgl_dist.models import run_epoch
+    from tgl_dist.ctdg import run_epoch
 
     ctx = DistributedContext.init()
     metrics = LinkPredMetrics()
@@ -125,7 +125,7 @@ def test_mrr_ranks_each_positive_against_its_own_negatives():
     # rows 0 and 2 (scores 2, 0), event 1's rows 1 and 3 (3, 0). Each positive (score 1)
     # ranks 2nd: MRR 0.5 (pairing rows 0-1 and 2-3 instead would give (1/3 + 1) / 2)
     from tgl_dist.metrics import LinkPredMetrics
-    from tgl_dist.models import run_epoch
+    from tgl_dist.ctdg import run_epoch
 
     class Fixed(torch.nn.Module):
         def forward(self, x, meta):
@@ -138,7 +138,7 @@ def test_mrr_ranks_each_positive_against_its_own_negatives():
 def test_link_loss_is_one_node_with_torchs_bce_value_and_gradient():
     """link_loss: the value of torch's two BCE terms, their gradients, one autograd node."""
     import torch.nn.functional as F
-    from tgl_dist.models import link_loss
+    from tgl_dist.ctdg import link_loss
     g = torch.Generator().manual_seed(3)
     pos, neg = torch.randn(7, generator=g) * 3, torch.randn(14, generator=g) * 3
     a, b = pos.clone().requires_grad_(), neg.clone().requires_grad_()

@@ -9,7 +9,7 @@ import torch
 
 from tgl_dist.context import DistributedContext
 from tgl_dist.dtdg import DistGraph, Splitter, Trainer, build_model, build_task, get_graph
-from tgl_dist.models import TrainOptimizer
+from tgl_dist.optim import TrainOptimizer
 from tgl_dist.nn import DistEmbedding
 from tgl_dist.optim import SparseOptimizer
 from tgl_dist.testing import run_distributed

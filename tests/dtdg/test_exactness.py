@@ -11,7 +11,7 @@ from torch_geometric.nn import GCNConv
 from tgl_dist.context import DistributedContext
 from tgl_dist.dist import AllToAllV, PartitionBook
 from tgl_dist.dtdg import DistGraph, Route, build_model, get_graph
-from tgl_dist.models.parallel import reduce_gradients
+from tgl_dist.dist.parallel import reduce_gradients
 from tgl_dist.testing import run_distributed
 
 from dtdg_graphs import small_graph, to_numpy, to_torch

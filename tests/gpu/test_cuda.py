@@ -77,9 +77,9 @@ def _pipeline(name: str, device: str, parts: str):
     from tgl_dist.loader import DistributedDataLoader
     from tgl_dist.memory import SharedMailBox
     from tgl_dist.metrics import LinkPredMetrics
-    from tgl_dist.models import build_model, load_config, run_epoch
-    from tgl_dist.models.parallel import all_reduce_gradients
-    from tgl_dist.models.training import link_loss
+    from tgl_dist.ctdg import build_model, load_config, run_epoch
+    from tgl_dist.dist.parallel import all_reduce_gradients
+    from tgl_dist.ctdg.training import link_loss
     from tgl_dist.partition import partition_graph, partition_load
     from tgl_dist.sampling import NegativeSampling, NeighborSampler
 

@@ -19,7 +19,8 @@ def _epoch(root: str, train: bool = False, config: str = "TGN.yml", split: str =
     from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
     from tgl_dist.loader import DistributedDataLoader
     from tgl_dist.memory import SharedMailBox
-    from tgl_dist.models import build_model, build_optimizer, load_config, run_epoch
+    from tgl_dist.ctdg import build_model, load_config, run_epoch
+    from tgl_dist.optim import build_optimizer
     from tgl_dist.partition import partition_load
     from tgl_dist.sampling import NegativeSampling, NeighborSampler
 

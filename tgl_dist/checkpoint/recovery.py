@@ -13,35 +13,24 @@ anywhere inside :meth:`RunCheckpoint.guard` into one that names that position::
             ck.at(epoch, "train", step)                   # after every step
             if ck.step_due(global_step): ck.save(dense, shard, meta)
 
-Fault injection (a testing hook): the environment variable ``TGL_DIST_FAULT`` makes
-one rank fail at one step, read by :func:`maybe_inject_fault` (called by
-:meth:`RunCheckpoint.at`), e.g.::
-
-    TGL_DIST_FAULT="rank=1,epoch=1,split=train,step=5,action=kill,once=/tmp/fault-done"
-
-``action``: ``kill`` (SIGKILL itself, the default), ``raise`` (a ``RuntimeError``),
-``hang`` (sleep forever: the peers time out); ``once=<file>``: fail only if the file
-does not exist yet, and create it (so a restarted run gets past the step).
+Fault injection for the recovery tests: :mod:`tgl_dist.testing.faults` (``TGL_DIST_FAULT``),
+checked by :meth:`RunCheckpoint.at` after every step.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
-import signal
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from tgl_dist.checkpoint.manager import CheckpointManager
 from tgl_dist.dist.exchange import world
 from tgl_dist.errors import PeerFailureError, TGLDistError
+from tgl_dist.testing.faults import maybe_inject_fault
 
 log = logging.getLogger(__name__)
 
-FAULT_ENV = "TGL_DIST_FAULT"
 _EVERY = re.compile(r"^\s*(\d+)\s*(e|ep|epoch|epochs|s|step|steps)?\s*$", re.IGNORECASE)
 
 
@@ -65,52 +54,6 @@ class Every:
 
     def __str__(self) -> str:
         return f"{self.n}{'e' if self.unit == 'epochs' else ''}"
-
-
-# ---------------------------------------------------------------- fault injection
-def _parse_fault(text: str) -> Dict[str, str]:
-    spec = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        if "=" not in item:
-            raise ValueError(f"{FAULT_ENV}: expected key=value items, got {item!r}")
-        k, v = item.split("=", 1)
-        spec[k.strip()] = v.strip()
-    unknown = set(spec) - {"rank", "epoch", "split", "step", "action", "once"}
-    if unknown:
-        raise ValueError(f"{FAULT_ENV}: unknown keys {sorted(unknown)}")
-    if spec.get("action", "kill") not in ("kill", "raise", "hang"):
-        raise ValueError(f"{FAULT_ENV}: action must be kill, raise or hang, got {spec['action']!r}")
-    return spec
-
-
-def maybe_inject_fault(rank: int, epoch: int, split: str, step: int) -> None:
-    """Testing hook: fail here if ``$TGL_DIST_FAULT`` names this rank, epoch, split and step.
-
-    ``step`` counts the steps done in the split (1 = after the first step); ``split``
-    defaults to ``train``. Does nothing when the variable is unset.
-    """
-    text = os.environ.get(FAULT_ENV)
-    if not text:
-        return
-    spec = _parse_fault(text)
-    if (int(spec.get("rank", 0)) != rank or int(spec.get("epoch", 0)) != epoch
-            or spec.get("split", "train") != split or int(spec.get("step", 1)) != step):
-        return
-    once = spec.get("once")
-    if once:
-        if Path(once).exists():
-            return
-        Path(once).write_text(f"rank {rank} failed at epoch {epoch} {split} step {step}\n")
-    action = spec.get("action", "kill")
-    log.error("%s: injected %s on rank %d at epoch %d, %s step %d", FAULT_ENV, action, rank,
-              epoch, split, step)
-    if action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if action == "hang":
-        while True:
-            time.sleep(3600)
-    raise RuntimeError(f"{FAULT_ENV}: injected failure on rank {rank} at epoch {epoch}, "
-                       f"{split} step {step}")
 
 
 # ------------------------------------------------------------------- the policy

@@ -86,7 +86,7 @@ def capture(modules: Modules, optimizer=None, mailbox=None, rank: int = 0,
 
     Args:
         modules: the model, or a list of modules (model and task head), saved in order.
-        optimizer: a :class:`~tgl_dist.models.optim.TrainOptimizer` (its ``'dense'`` part
+        optimizer: a :class:`~tgl_dist.optim.build.TrainOptimizer` (its ``'dense'`` part
             goes to ``dense``, ``'sparse'`` to the shard) or a plain torch optimizer.
         mailbox: a :class:`~tgl_dist.memory.SharedMailBox` (this rank's owned nodes) or None.
         rank: this rank; ``dense`` is ``None`` on ranks other than 0 (saves copying).

@@ -6,7 +6,7 @@ a :class:`tgl_dist.nn.DistEmbedding` of ``num_nodes`` rows sharded by the partit
 input ``[S, D]``; graphs with node features ``[S, F]`` get ``[features || embedding]``
 ``[S, F + D]``. The table is built with ``grad_reduction='mean'`` (the training loop
 averages dense gradients over ranks) and carries the section's ``optimizer`` / ``lr``
-for :func:`tgl_dist.models.build_optimizer`.
+for :func:`tgl_dist.ctdg.build_optimizer`.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from torch import Tensor, nn
 
 from tgl_dist.dist import PartitionBook, world
 from tgl_dist.memory.updaters import UPDATERS
-from tgl_dist.models.config import ConfigError, ModelConfig
-from tgl_dist.models.tgnn import TemporalLinkModel
+from tgl_dist.ctdg.config import ConfigError, ModelConfig
+from tgl_dist.ctdg.tgnn import TemporalLinkModel
 from tgl_dist.nn.attention import TemporalAttention, TGNAttention
 from tgl_dist.nn.dist_embedding import DistEmbedding
 from tgl_dist.sampling.block import Block
@@ -84,7 +84,7 @@ def build_model(cfg: ModelConfig, dim_node_feat: int = 0, dim_edge_feat: int = 0
     """Build the model a config describes.
 
     Args:
-        cfg: parsed config (:func:`tgl_dist.models.load_config`).
+        cfg: parsed config (:func:`tgl_dist.ctdg.load_config`).
         dim_node_feat: F, size of the graph's node features (0 = none; or, with no
             features, of a ``node_embedding`` module given here).
         dim_edge_feat: d_e, size of the event features (0 = none).

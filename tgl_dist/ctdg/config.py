@@ -2,7 +2,7 @@
 
 The YAML is parsed into frozen, keyword-only dataclasses; every field is checked and
 a bad value raises :class:`ConfigError` naming its path (``memory.dim_out``) and the
-file. Models never read configs: :func:`tgl_dist.models.build_model` turns a config
+file. Models never read configs: :func:`tgl_dist.ctdg.build_model` turns a config
 into modules with explicit arguments.
 
 Example (``configs/TGN.yml``)::
@@ -171,7 +171,7 @@ class NodeEmbeddingConfig:
 
     Example: ``node_embedding: {dim: 100, lr: 0.001, optimizer: adam}``. The table is a
     :class:`tgl_dist.nn.DistEmbedding` trained by a sparse optimizer
-    (:func:`tgl_dist.models.build_optimizer`); see ``docs/embeddings.md``.
+    (:func:`tgl_dist.ctdg.build_optimizer`); see ``docs/embeddings.md``.
     """
     dim: int = _f(0, _nonneg_int, "embedding size D (0 = no embedding)")
     lr: Optional[float] = _f(None, _opt_pos_num, "sparse optimizer learning rate (null: train.lr)")

@@ -1,7 +1,7 @@
 """``TemporalLinkModel``: memory updater -> embedding module -> edge predictor.
 
 One class covers TGN, JODIE, APAN, DyRep and TGAT; the builder
-(:func:`tgl_dist.models.build_model`) picks the parts. The model takes blocks, not a
+(:func:`tgl_dist.ctdg.build_model`) picks the parts. The model takes blocks, not a
 loader, and calls no collective: the loader and the :class:`SharedMailBox` move data.
 
 Forward (algorithms.md §1 steps 3-4) on ``mfgs`` (input layer first, roots at rows

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from tgl_dist.dist import all_reduce_, world
 from tgl_dist.metrics import LinkPredMetrics, average_precision
-from tgl_dist.models.parallel import all_reduce_gradients
+from tgl_dist.dist.parallel import all_reduce_gradients
 
 
 def link_loss(pos: Tensor, neg: Tensor, meta: Optional[dict] = None,

@@ -16,6 +16,7 @@ Worked example (2 ranks, node owners ``[0, 1, 0, 1]``)::
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -25,6 +26,21 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tgl_dist.errors import PeerFailureError
+
+DEFAULT_TIMEOUT = 600.0   # seconds a collective waits for a peer (DistributedContext.init)
+
+
+def new_group(timeout: Optional[datetime.timedelta] = None) -> Optional[dist.ProcessGroup]:
+    """A new process group over all ranks with the world's backend (collective: every
+    rank must call it); ``None`` in a world of one. Default ``timeout``:
+    ``DEFAULT_TIMEOUT``. :meth:`DistributedContext.new_group` passes the context's; this
+    form needs no context (so it picks no device, unlike ``DistributedContext.init()``).
+    The one place that makes process groups after the world's."""
+    if not dist.is_initialized():
+        return None
+    td = timeout or datetime.timedelta(seconds=DEFAULT_TIMEOUT)
+    return dist.new_group(backend=dist.get_backend(), timeout=td)
+
 
 log = logging.getLogger(__name__)
 _warned_no_group = False

@@ -9,7 +9,7 @@ identical optimizer steps keep them equal. No-ops in a world of one.
 Sharded tables (:class:`tgl_dist.nn.DistEmbedding`) are not dense parameters: they are
 neither broadcast nor all-reduced. Their gradient rows go to the owning rank in the
 sparse optimizer's ``step()``; a table built with ``grad_reduction='mean'`` (what
-:func:`tgl_dist.models.build_model` does) divides the sum of the ranks' rows by the world
+:func:`tgl_dist.ctdg.build_model` does) divides the sum of the ranks' rows by the world
 size there, matching the averaging of the dense gradients here.
 """
 from __future__ import annotations
@@ -20,19 +20,22 @@ import torch
 from torch import nn
 
 from tgl_dist.dist import Pending, all_reduce_async, broadcast_object, world
-from tgl_dist.nn.dist_embedding import DistEmbedding
 
 
 def sharded_state_keys(module: nn.Module) -> Set[str]:
-    """``state_dict`` keys of the sharded tables (:class:`DistEmbedding`) inside ``module``.
+    """``state_dict`` keys of the sharded tables inside ``module``.
 
-    Their values differ between ranks by design (each rank holds its own rows).
+    A submodule is sharded when its class names its per-rank state keys in a
+    ``sharded_state_keys`` attribute (:class:`tgl_dist.nn.DistEmbedding` does: its
+    ``weight`` and ``owned_ids``); their values differ between ranks by design (each rank
+    holds its own rows). The attribute keeps ``dist`` free of model classes.
     """
     keys = set()
     for prefix, m in module.named_modules():
-        if isinstance(m, DistEmbedding):
+        own = getattr(type(m), "sharded_state_keys", None)
+        if own:
             p = f"{prefix}." if prefix else ""
-            keys.update(p + k for k in DistEmbedding._STATE_KEYS)
+            keys.update(p + k for k in own)
     return keys
 
 
@@ -127,7 +130,7 @@ def all_reduce_gradients(module: nn.Module, group=None,
 
     With ``async_op=True`` it returns at once a :class:`PendingGradients`; call its
     ``wait()`` before the optimizer step. Other collectives can run meanwhile:
-    :func:`tgl_dist.models.run_epoch` writes the mailbox back while the gradients travel
+    :func:`tgl_dist.ctdg.run_epoch` writes the mailbox back while the gradients travel
     (on gloo the two proceed together; measured in ``benchmarks/RESULTS.md``).
     """
     return reduce_gradients((p for p in module.parameters() if p.requires_grad), group,

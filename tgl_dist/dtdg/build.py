@@ -54,7 +54,7 @@ def build_model(args: Union[Namespace, Mapping[str, Any], None], graph, group=No
             ``node_embedding`` (0 = none, the default): D > 0 appends a learnable
             per-node input of size D (a :class:`tgl_dist.nn.DistEmbedding` sharded by
             the graph's partition, trained by the sparse optimizer of
-            :func:`tgl_dist.models.build_optimizer`); the model's input is then
+            :func:`tgl_dist.ctdg.build_optimizer`); the model's input is then
             ``in_dim + D`` wide.
         graph: the rank's ``DistGraph``.
         group: must be the graph's group (the route lives on the graph); checked.

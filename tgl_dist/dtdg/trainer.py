@@ -18,8 +18,8 @@ from torch import nn
 
 from tgl_dist.dist import all_reduce_
 from tgl_dist.metrics import EarlyStopMonitor
-from tgl_dist.models.optim import build_optimizer
-from tgl_dist.models.parallel import reduce_gradients
+from tgl_dist.optim import build_optimizer
+from tgl_dist.dist import broadcast_parameters, reduce_gradients
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,6 @@ EpochHook = Callable[["Trainer", int, Dict], None]
 def sync_parameters(module: nn.Module, group=None) -> None:
     """Make every rank's parameters equal to rank 0's (collective); sharded tables
     (``DistEmbedding``, each rank its own rows) stay as they are."""
-    from tgl_dist.models.parallel import broadcast_parameters
     broadcast_parameters(module, 0, group)
 
 

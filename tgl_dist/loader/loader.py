@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from tgl_dist.dist import all_gather_v, world
+from tgl_dist.dist import all_gather_v, new_group, world
 from tgl_dist.graph.store import DistributedGraphStore, EventSet
 from tgl_dist.loader.schedule import GlobalSchedule, Window
 from tgl_dist.sampling._ckernel import serial_openmp_thread
@@ -55,16 +55,6 @@ class SampleType(enum.Enum):
 
 
 SAMPLE_TYPE = SampleType
-
-
-def new_group():
-    """A fresh process group over all ranks for background work (``None`` in a world of one).
-
-    Collective: every rank must call it (the loaders of a run must be built in the
-    same order on every rank).
-    """
-    from tgl_dist.context import new_group as _new_group   # no context: it would pick a GPU
-    return _new_group()
 
 
 def _step_to(step: Step, device: torch.device) -> Step:

@@ -158,7 +158,7 @@ class SharedMailBox:
         num_nodes: number of nodes this rank owns (``pdata.ids.shape[0]``); the whole
             graph's node count in a world of one.
         memory_param: the YAML ``memory`` section (dict or
-            :class:`tgl_dist.models.MemoryConfig`): ``dim_out`` (d_m),
+            :class:`tgl_dist.ctdg.MemoryConfig`): ``dim_out`` (d_m),
             ``mailbox_size`` (K, default 1), ``mail_combine`` (``'last'`` | ``'mean'``),
             ``deliver_to`` (``'self'`` | ``'neighbors'``), ``time_delta`` (``'query'``:
             a memory write stamps ``memory_ts`` with the event time, TGL; ``'mail'``: with

@@ -4,7 +4,7 @@ Built and cached like the sampling kernel (:mod:`tgl_dist.sampling._ckernel`: pl
 the system compiler, about a second on first use), with OpenMP: destinations are split
 over torch's own worker threads (:func:`tgl_dist.sampling._ckernel.load_openmp`). :func:`get_attention_kernel`
 returns ``None`` when it cannot be built; the attention layers then use their torch
-formulations, which compute the same values (``tests/models/test_attention_kernel.py``
+formulations, which compute the same values (``tests/ctdg/test_attention_kernel.py``
 compares all three), and ONE warning per process says why.
 ``TGL_DIST_NO_KERNEL=1`` selects the torch paths without a warning.
 

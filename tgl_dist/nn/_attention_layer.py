@@ -5,7 +5,7 @@ nodes (views, transposes, splits, products, the kernel, dropout, LayerNorm), and
 backward runs each one's bookkeeping and small operator calls. :class:`AttentionLayer`
 runs the same forward without recording and writes the backward out: the same
 products, straight into the parameters' gradients. It computes what the differentiable
-form computes (``tests/models/test_attention_kernel.py`` compares it with the padded and
+form computes (``tests/ctdg/test_attention_kernel.py`` compares it with the padded and
 per-edge torch paths, values and gradients). See the layer's docstring for the math.
 
 Shapes (D destinations, M edges in destination order, U node rows, H heads, d the

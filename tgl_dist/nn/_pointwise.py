@@ -4,7 +4,7 @@ Built and cached like the other kernels (:mod:`tgl_dist.sampling._ckernel`: plai
 system compiler, about a second on first use), with OpenMP: large inputs are split in
 fixed blocks of rows over torch's own worker threads (results do not depend on their
 number). Every function here falls back to torch
-(same values up to float rounding; ``tests/models/test_pointwise_kernel.py`` compares
+(same values up to float rounding; ``tests/ctdg/test_pointwise_kernel.py`` compares
 them) when the kernel cannot be built (ONE warning per process), for tensors that are
 not float32 on the CPU, and with ``TGL_DIST_NO_KERNEL=1``.
 

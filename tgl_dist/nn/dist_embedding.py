@@ -163,11 +163,11 @@ class DistEmbedding(nn.Module):
             sparse optimizer's ``step()``: ``'sum'`` (default) or ``'mean'`` (the sum
             divided by the group's world size). Use ``'mean'`` when the training loop
             *averages* the dense gradients over ranks (each rank's loss is a mean over
-            its share of the step, as :func:`tgl_dist.models.all_reduce_gradients`
+            its share of the step, as :func:`tgl_dist.ctdg.all_reduce_gradients`
             assumes), ``'sum'`` when each rank's loss is already normalised by global
             counts and dense gradients are summed (the DTDG trainer). Either way the
             table then follows the 1-process gradient.
-        sparse_optim: optional hint for :func:`tgl_dist.models.build_optimizer`:
+        sparse_optim: optional hint for :func:`tgl_dist.ctdg.build_optimizer`:
             ``{'optimizer': 'adam' | 'adagrad', 'lr': float}`` (either key may be
             left out). The table itself never reads it.
 
@@ -355,7 +355,10 @@ class DistEmbedding(nn.Module):
         return out
 
     # ------------------------------------------------------------ module state
-    _STATE_KEYS = ("weight", "owned_ids")
+    #: per-rank state (each rank its own rows): never broadcast or all-reduced
+    #: (:func:`tgl_dist.dist.parallel.sharded_state_keys`)
+    sharded_state_keys = ("weight", "owned_ids")
+    _STATE_KEYS = sharded_state_keys
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)

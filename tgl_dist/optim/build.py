@@ -20,7 +20,9 @@ import torch
 from torch import nn
 
 from tgl_dist.nn.dist_embedding import DistEmbedding
-from tgl_dist.optim import Adam, SparseAdagrad, SparseAdam
+from tgl_dist.optim.adam import Adam
+from tgl_dist.optim.sparse_adagrad import SparseAdagrad
+from tgl_dist.optim.sparse_adam import SparseAdam
 
 
 def sharded_modules(modules: Union[nn.Module, Sequence[nn.Module]]) -> List[DistEmbedding]:
