@@ -106,7 +106,7 @@ def test_forced_rewrite_keeps_a_loadable_version_at_every_moment(toy_graph, tmp_
     renames, the old one put back if the second fails, and read from its aside name if
     the writer died in between. Leftovers of dead writers go at the next write."""
     import os
-    from tgl_dist.partition import storage
+    from tgl_dist import integrity as storage  # atomic_dir lives there
     if not exchange:
         monkeypatch.setattr(storage, "_exchange", lambda a, b: False)
     path = partition_graph(toy_graph, 2, "hash", tmp_path, seed=0)

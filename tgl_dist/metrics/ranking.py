@@ -13,7 +13,7 @@ import torch
 from sklearn.metrics import average_precision_score, roc_auc_score
 from torch import Tensor
 
-from tgl_dist.dist.exchange import all_gather_v
+from tgl_dist.dist.exchange import all_gather_v, all_reduce_max_int
 from tgl_dist.errors import TGLDistError
 
 
@@ -97,11 +97,8 @@ class LinkPredMetrics:
         if pos.numel() and neg.numel():
             out["ap"] = average_precision(pos, neg)
             out["auc"] = roc_auc(pos, neg)
-        k = torch.tensor([self.neg_k[0].size(1) if self.neg_k else 0])
-        from tgl_dist.dist.exchange import all_reduce_
-        import torch.distributed as dist
-        all_reduce_(k, dist.ReduceOp.MAX if dist.is_initialized() else None, group)
-        if int(k) > 0:
+        k = all_reduce_max_int(self.neg_k[0].size(1) if self.neg_k else 0, group)
+        if k > 0:
             pk = torch.cat(self.pos) if self.neg_k else torch.zeros(0)
             nk = torch.cat(self.neg_k) if self.neg_k else torch.zeros(0, int(k))
             pk, nk = all_gather_v(pk, group), all_gather_v(nk, group)
