@@ -1,0 +1,200 @@
+"""Every ```python block of README.md and docs/*.md runs, as a reader following the page runs it.
+
+Convention (also stated at the end of docs/index.md):
+
+* Pages: ``README.md`` and every ``docs/*.md`` (a glob: a page added later is picked up
+  without editing this file). One test per page.
+* A fence labelled ``python`` (or ``py``) is code that runs. Anything else is labelled
+  with its own language (``bash``, ``yaml``, ``json``, ``text``); a fence without a
+  label whose body parses as Python fails the page's test (label it one way or the
+  other), so no Python block escapes the runner by missing its label.
+* A page's python blocks run in page order as ONE script (later blocks use the names of
+  earlier ones), in a fresh ``python`` process. Every block runs: there is no way to
+  skip one.
+* A python block preceded (on the last non-blank line above its fence) by
+  ``<!-- run: torchrun 2 -->`` is a script of its own: it runs under
+  ``python -m torch.distributed.run --nproc_per_node=2`` (gloo, ``OMP_NUM_THREADS=1``,
+  a free port), after the page's other blocks, in the same working directory (so it may
+  read files they wrote), and it does not see their names. Any other ``<!-- run: ... -->``
+  line is an error.
+* The working directory is a new temporary folder holding symbolic links to the
+  repository's top-level folders that pages read (``configs``, ``examples``, ...), so
+  relative paths such as ``configs/TGN.yml`` work as they do from the repository root,
+  and what a page writes (``parts/``, checkpoints) lands in the temporary folder.
+  ``PYTHONPATH`` is the repository root; ``TGL_DIST_DATASETS`` is the folder the suite
+  uses (tests/conftest.py). Where that folder is absent, a page that fails because a
+  dataset is missing is skipped with that reason; any other failure fails.
+* Pages use small data (the built-in ``synthetic`` stream, the small shared datasets)
+  and each script has a time limit (``LIMIT_S``).
+
+A failure names the page, the block (its number and line on the page, and its first
+lines) and shows the tail of stderr.
+"""
+import ast
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DATASETS = Path(os.environ.get("TGL_DIST_DATASETS", REPO.parent / "shared" / "datasets")).resolve()
+PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+PYTHON = {"python", "py", "python3"}
+TORCHRUN = "<!-- run: torchrun 2 -->"
+LIMIT_S = {"python": 120, "torchrun": 180}      # per script; measured figures are far below
+# top-level entries a page may read through a relative path (never written: outputs go to
+# the temporary working directory)
+LINKED = ("configs", "examples", "benchmarks", "docs", "tgl_dist", "README.md", "pyproject.toml")
+MARK = "# <docs-run> block {n}"
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[^\s`]*)[^`]*$")
+
+
+class Block:
+    def __init__(self, page: Path, n: int, line: int, lang: str, code: str, mode: str):
+        self.page, self.n, self.line, self.lang, self.code, self.mode = page, n, line, lang, code, mode
+
+    def where(self) -> str:
+        head = "\n".join("    " + ln for ln in self.code.splitlines()[:6])
+        return (f"{self.page.relative_to(REPO)} block {self.n} (line {self.line}, "
+                f"{'torchrun 2' if self.mode == 'torchrun' else 'python'}):\n{head}")
+
+
+def fenced_blocks(page: Path):
+    """Every fenced block of ``page``: Block objects, python ones numbered 1, 2, ..."""
+    lines = page.read_text().splitlines()
+    out, i, n = [], 0, 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, lang = m.group("indent"), m.group("fence"), m.group("lang").lower()
+        start, i = i, i + 1
+        body = []
+        while i < len(lines) and not (lines[i].strip().startswith(fence)
+                                      and lines[i].strip().strip(fence[0]) == ""):
+            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i].lstrip())
+            i += 1
+        i += 1
+        above = next((ln.strip() for ln in reversed(lines[:start]) if ln.strip()), "")
+        mode = "python"
+        if above.startswith("<!-- run:"):
+            if above != TORCHRUN:
+                raise AssertionError(f"{page.relative_to(REPO)} line {start}: unknown directive "
+                                     f"{above!r}; the only one is {TORCHRUN!r} (every block runs)")
+            mode = "torchrun"
+        if lang in PYTHON:
+            n += 1
+        out.append(Block(page, n if lang in PYTHON else 0, start + 1, lang, "\n".join(body) + "\n",
+                         mode))
+        if mode == "torchrun" and lang not in PYTHON:
+            raise AssertionError(f"{page.relative_to(REPO)} line {start + 1}: {TORCHRUN} "
+                                 f"above a ```{lang} fence, not a python one")
+    return out
+
+
+def _parses_as_python(code: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    return bool(tree.body) and not all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Name)
+                                       for s in tree.body)
+
+
+def _workdir(tmp_path: Path) -> Path:
+    for name in LINKED:
+        if (REPO / name).exists():
+            (tmp_path / name).symlink_to(REPO / name)
+    return tmp_path
+
+
+def _env() -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               TGL_DIST_DATASETS=str(DATASETS), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
+    return env
+
+
+def _script(blocks) -> str:
+    parts = []
+    for b in blocks:
+        parts.append(f"{MARK.format(n=b.n)}\n"
+                     f"import sys as _docs_sys; print('<docs-run> block {b.n}', file=_docs_sys.stderr, flush=True)\n"
+                     f"{b.code}")
+    return "\n".join(parts)
+
+
+def _failed_block(blocks, script_path: Path, script: str, stderr: str):
+    """The block a failure happened in: from the traceback's last line in the script, else
+    the last block that started (a timeout, a crash)."""
+    starts = [i for i, ln in enumerate(script.splitlines(), 1) if ln.startswith("# <docs-run> block ")]
+    hits = re.findall(rf'File "{re.escape(str(script_path))}", line (\d+)', stderr)
+    if hits:
+        line = int(hits[-1])
+        k = max(j for j, s in enumerate(starts) if s <= line)
+        return blocks[k], line - starts[k] - 1
+    begun = re.findall(r"<docs-run> block (\d+)", stderr)
+    if begun:
+        return next(b for b in blocks if b.n == int(begun[-1])), None
+    return blocks[0], None
+
+
+def _run(blocks, mode: str, cwd: Path, tag: str):
+    script = _script(blocks)
+    path = cwd / f"_docs_{tag}.py"
+    path.write_text(script)
+    if mode == "torchrun":
+        from tgl_dist.testing import free_port
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(path)]
+    else:
+        cmd = [sys.executable, str(path)]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True,
+                           timeout=LIMIT_S[mode])
+        rc, err, out = p.returncode, p.stderr, p.stdout
+    except subprocess.TimeoutExpired as e:
+        rc = None
+        err = (e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or "")
+        out = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "")
+    return rc, out, err, time.perf_counter() - t0, script, path
+
+
+def _missing_dataset(err: str) -> bool:
+    return not DATASETS.is_dir() and ("DatasetNotFoundError" in err or "TGL_DIST_DATASETS" in err
+                                      or str(DATASETS) in err)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_page_runs(page, tmp_path):
+    blocks = fenced_blocks(page)
+    for b in blocks:
+        if b.lang == "" and _parses_as_python(b.code):
+            pytest.fail(f"{page.relative_to(REPO)} line {b.line}: a fence without a language "
+                        f"holds Python; label it ```python (it then runs) or ```text")
+    code = [b for b in blocks if b.lang in PYTHON]
+    plain = [b for b in code if b.mode == "python"]
+    scripts = ([("python", plain)] if plain else []) + \
+              [("torchrun", [b]) for b in code if b.mode == "torchrun"]
+    cwd = _workdir(tmp_path)
+    for k, (mode, group) in enumerate(scripts):
+        rc, out, err, took, script, path = _run(group, mode, cwd, f"{k}_{mode}")
+        print(f"{page.relative_to(REPO)} {mode} blocks {[b.n for b in group]}: {took:.1f} s")
+        if rc == 0:
+            continue
+        if _missing_dataset(err):
+            pytest.skip(f"{page.relative_to(REPO)} reads a real dataset and {DATASETS} is absent; "
+                        "set TGL_DIST_DATASETS to it")
+        b, at = _failed_block(group, path, script, err)
+        what = f"timed out after {LIMIT_S[mode]} s" if rc is None else f"exited with status {rc}"
+        tail = "\n".join(err.splitlines()[-40:])
+        pytest.fail(f"{b.where()}\n{mode} script {what}"
+                    + (f", at line {at} of the block (line {b.line + at} of the page)" if at else "")
+                    + f"\n--- stdout tail ---\n{out[-1500:]}\n--- stderr tail ---\n{tail}",
+                    pytrace=False)
