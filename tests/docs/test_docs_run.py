@@ -59,7 +59,7 @@ class Block:
 
     def where(self) -> str:
         head = "\n".join("    " + ln for ln in self.code.splitlines()[:6])
-        return (f"{self.page.relative_to(REPO)} block {self.n} (line {self.line}, "
+        return (f"{_name(self.page)} block {self.n} (line {self.line}, "
                 f"{'torchrun 2' if self.mode == 'torchrun' else 'python'}):\n{head}")
 
 
@@ -84,7 +84,7 @@ def fenced_blocks(page: Path):
         mode = "python"
         if above.startswith("<!-- run:"):
             if above != TORCHRUN:
-                raise AssertionError(f"{page.relative_to(REPO)} line {start}: unknown directive "
+                raise AssertionError(f"{_name(page)} line {start + 1}: unknown directive "
                                      f"{above!r}; the only one is {TORCHRUN!r} (every block runs)")
             mode = "torchrun"
         if lang in PYTHON:
@@ -92,7 +92,7 @@ def fenced_blocks(page: Path):
         out.append(Block(page, n if lang in PYTHON else 0, start + 1, lang, "\n".join(body) + "\n",
                          mode))
         if mode == "torchrun" and lang not in PYTHON:
-            raise AssertionError(f"{page.relative_to(REPO)} line {start + 1}: {TORCHRUN} "
+            raise AssertionError(f"{_name(page)} line {start + 1}: {TORCHRUN} "
                                  f"above a ```{lang} fence, not a python one")
     return out
 
@@ -173,10 +173,20 @@ def _missing_dataset(err: str) -> bool:
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
 def test_page_runs(page, tmp_path):
+    run_page(page, tmp_path)
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(REPO)) if page.is_relative_to(REPO) else str(page)
+
+
+def run_page(page: Path, tmp_path: Path) -> None:
+    """Run ``page``'s python blocks (see the module docstring); ``pytest.fail`` naming the
+    block on a failure."""
     blocks = fenced_blocks(page)
     for b in blocks:
         if b.lang == "" and _parses_as_python(b.code):
-            pytest.fail(f"{page.relative_to(REPO)} line {b.line}: a fence without a language "
+            pytest.fail(f"{_name(page)} line {b.line}: a fence without a language "
                         f"holds Python; label it ```python (it then runs) or ```text")
     code = [b for b in blocks if b.lang in PYTHON]
     plain = [b for b in code if b.mode == "python"]
@@ -185,11 +195,11 @@ def test_page_runs(page, tmp_path):
     cwd = _workdir(tmp_path)
     for k, (mode, group) in enumerate(scripts):
         rc, out, err, took, script, path = _run(group, mode, cwd, f"{k}_{mode}")
-        print(f"{page.relative_to(REPO)} {mode} blocks {[b.n for b in group]}: {took:.1f} s")
+        print(f"{_name(page)} {mode} blocks {[b.n for b in group]}: {took:.1f} s")
         if rc == 0:
             continue
         if _missing_dataset(err):
-            pytest.skip(f"{page.relative_to(REPO)} reads a real dataset and {DATASETS} is absent; "
+            pytest.skip(f"{_name(page)} reads a real dataset and {DATASETS} is absent; "
                         "set TGL_DIST_DATASETS to it")
         b, at = _failed_block(group, path, script, err)
         what = f"timed out after {LIMIT_S[mode]} s" if rc is None else f"exited with status {rc}"
@@ -198,3 +208,57 @@ def test_page_runs(page, tmp_path):
                     + (f", at line {at} of the block (line {b.line + at} of the page)" if at else "")
                     + f"\n--- stdout tail ---\n{out[-1500:]}\n--- stderr tail ---\n{tail}",
                     pytrace=False)
+
+
+# --- the runner itself ---
+
+def test_the_convention_is_parsed(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("""text
+```python
+a = 1
+```
+```bash
+echo not python
+```
+<!-- run: torchrun 2 -->
+
+```py
+b = 2
+```
+  ```python
+  c = a + 1
+  ```
+""")
+    got = [(b.n, b.lang, b.mode, b.line, b.code) for b in fenced_blocks(page)]
+    assert got == [(1, "python", "python", 2, "a = 1\n"), (0, "bash", "python", 5, "echo not python\n"),
+                   (2, "py", "torchrun", 10, "b = 2\n"), (3, "python", "python", 13, "c = a + 1\n")]
+    page.write_text("<!-- run: skip-reason slow -->\n```python\nx = 1\n```\n")
+    with pytest.raises(AssertionError, match="unknown directive"):
+        fenced_blocks(page)
+
+
+def test_a_failure_names_the_block_and_unlabelled_python_fails(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 1\n```\n\n```python\ny = x + 1\nraise ValueError('boom')\n```\n")
+    with pytest.raises(pytest.fail.Exception) as e:
+        run_page(page, tmp_path)
+    msg = str(e.value)
+    assert "block 2 (line 5, python)" in msg and "y = x + 1" in msg, msg
+    assert "at line 2 of the block (line 7 of the page)" in msg and "ValueError: boom" in msg, msg
+    page.write_text("```\nimport os\nprint(os.sep)\n```\n```\nparts/<name>/ -> OUT\n```\n")
+    with pytest.raises(pytest.fail.Exception, match="fence without a language holds Python"):
+        run_page(page, tmp_path)
+
+
+@pytest.mark.distributed
+def test_a_torchrun_block_runs_on_two_processes(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 1\n```\n\n<!-- run: torchrun 2 -->\n```python\nimport os\n"
+                    "assert os.environ['WORLD_SIZE'] == '2'\n"
+                    "assert 'x' not in globals()           # a script of its own\n"
+                    "if os.environ['RANK'] == '1':\n    raise RuntimeError('rank 1 fails')\n```\n")
+    with pytest.raises(pytest.fail.Exception) as e:
+        run_page(page, tmp_path)
+    msg = str(e.value)
+    assert "block 2 (line 6, torchrun 2)" in msg and "RuntimeError: rank 1 fails" in msg, msg
