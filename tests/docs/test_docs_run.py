@@ -33,6 +33,7 @@ lines) and shows the tail of stderr.
 import ast
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -55,7 +56,8 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[^
 
 class Block:
     def __init__(self, page: Path, n: int, line: int, lang: str, code: str, mode: str):
-        self.page, self.n, self.line, self.lang, self.code, self.mode = page, n, line, lang, code, mode
+        self.page, self.n, self.line, self.lang = page, n, line, lang
+        self.code, self.mode = code, mode
 
     def where(self) -> str:
         head = "\n".join("    " + ln for ln in self.code.splitlines()[:6])
@@ -77,7 +79,8 @@ def fenced_blocks(page: Path):
         body = []
         while i < len(lines) and not (lines[i].strip().startswith(fence)
                                       and lines[i].strip().strip(fence[0]) == ""):
-            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i].lstrip())
+            ln = lines[i]
+            body.append(ln[len(indent):] if ln.startswith(indent) else ln.lstrip())
             i += 1
         i += 1
         above = next((ln.strip() for ln in reversed(lines[:start]) if ln.strip()), "")
@@ -114,9 +117,11 @@ def _workdir(tmp_path: Path) -> Path:
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               TGL_DIST_DATASETS=str(DATASETS), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
+    path = [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), TGL_DIST_DATASETS=str(DATASETS),
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)                 # a page starts as a world of one (or torchrun's)
     return env
 
 
@@ -124,15 +129,16 @@ def _script(blocks) -> str:
     parts = []
     for b in blocks:
         parts.append(f"{MARK.format(n=b.n)}\n"
-                     f"import sys as _docs_sys; print('<docs-run> block {b.n}', file=_docs_sys.stderr, flush=True)\n"
-                     f"{b.code}")
+                     f"import sys as _docs_sys; print('<docs-run> block {b.n}', "
+                     f"file=_docs_sys.stderr, flush=True)\n{b.code}")
     return "\n".join(parts)
 
 
 def _failed_block(blocks, script_path: Path, script: str, stderr: str):
     """The block a failure happened in: from the traceback's last line in the script, else
     the last block that started (a timeout, a crash)."""
-    starts = [i for i, ln in enumerate(script.splitlines(), 1) if ln.startswith("# <docs-run> block ")]
+    starts = [i for i, ln in enumerate(script.splitlines(), 1)
+              if ln.startswith("# <docs-run> block ")]
     hits = re.findall(rf'File "{re.escape(str(script_path))}", line (\d+)', stderr)
     if hits:
         line = int(hits[-1])
@@ -155,14 +161,16 @@ def _run(blocks, mode: str, cwd: Path, tag: str):
     else:
         cmd = [sys.executable, str(path)]
     t0 = time.perf_counter()
+    # a session of its own, so a timeout ends torchrun's workers too, not only torchrun
+    p = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True,
-                           timeout=LIMIT_S[mode])
-        rc, err, out = p.returncode, p.stderr, p.stdout
-    except subprocess.TimeoutExpired as e:
+        out, err = p.communicate(timeout=LIMIT_S[mode])
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
         rc = None
-        err = (e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or "")
-        out = (e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or "")
     return rc, out, err, time.perf_counter() - t0, script, path
 
 
@@ -199,8 +207,9 @@ def run_page(page: Path, tmp_path: Path) -> None:
         if rc == 0:
             continue
         if _missing_dataset(err):
+            last = next((ln for ln in reversed(err.splitlines()) if ln.strip()), "")
             pytest.skip(f"{_name(page)} reads a real dataset and {DATASETS} is absent; "
-                        "set TGL_DIST_DATASETS to it")
+                        f"set TGL_DIST_DATASETS to it ({last[:200]})")
         b, at = _failed_block(group, path, script, err)
         what = f"timed out after {LIMIT_S[mode]} s" if rc is None else f"exited with status {rc}"
         tail = "\n".join(err.splitlines()[-40:])
@@ -231,7 +240,8 @@ b = 2
   ```
 """)
     got = [(b.n, b.lang, b.mode, b.line, b.code) for b in fenced_blocks(page)]
-    assert got == [(1, "python", "python", 2, "a = 1\n"), (0, "bash", "python", 5, "echo not python\n"),
+    assert got == [(1, "python", "python", 2, "a = 1\n"),
+                   (0, "bash", "python", 5, "echo not python\n"),
                    (2, "py", "torchrun", 10, "b = 2\n"), (3, "python", "python", 13, "c = a + 1\n")]
     page.write_text("<!-- run: skip-reason slow -->\n```python\nx = 1\n```\n")
     with pytest.raises(AssertionError, match="unknown directive"):
@@ -248,6 +258,14 @@ def test_a_failure_names_the_block_and_unlabelled_python_fails(tmp_path):
     assert "at line 2 of the block (line 7 of the page)" in msg and "ValueError: boom" in msg, msg
     page.write_text("```\nimport os\nprint(os.sep)\n```\n```\nparts/<name>/ -> OUT\n```\n")
     with pytest.raises(pytest.fail.Exception, match="fence without a language holds Python"):
+        run_page(page, tmp_path)
+
+
+def test_a_block_past_the_time_limit_is_named(tmp_path, monkeypatch):
+    monkeypatch.setitem(LIMIT_S, "python", 3)
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 1\n```\n```python\nimport time\ntime.sleep(60)\n```\n")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)block 2 \(line 4.*timed out after 3 s"):
         run_page(page, tmp_path)
 
 
