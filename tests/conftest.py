@@ -18,3 +18,15 @@ def datasets_root() -> Path:
     if not DATASETS.is_dir():
         pytest.skip(f"real datasets folder {DATASETS} is absent; set TGL_DIST_DATASETS to it")
     return DATASETS
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line naming how many tests skipped for want of the real datasets, and the
+    variable that brings them back (so a clone without them does not pass quietly)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    n = sum(1 for r in skipped if "TGL_DIST_DATASETS" in str(getattr(r, "longrepr", "")))
+    if n:
+        terminalreporter.write_line(
+            f"{n} test(s) skipped: the real datasets folder {DATASETS} is absent. Set "
+            f"TGL_DIST_DATASETS to a folder holding them (the project's shared/datasets; "
+            f"docs/data.md lists each file and its public origin) to run them.", yellow=True)
