@@ -270,3 +270,23 @@ def test_real_wikipedia_rows_as_tgbl_wiki(datasets_root, tmp_path, monkeypatch):
         assert g.edge_attr is None
     for split, m in (("train", ds.train_mask), ("val", ds.val_mask), ("test", ds.test_mask)):
         assert np.array_equal(g.masks[split].numpy(), m), split
+
+
+def test_negatives_pickled_by_older_numpy_and_protocols(tmp_path):
+    # TGB's released files were written by numpy 1.x (numpy.core names); protocol 2
+    # carries array bytes through _codecs.encode: both load, nothing else does
+    folder = tmp_path / "tgbl_review"
+    folder.mkdir()
+    (folder / "tgbl-review_edgelist_v2.csv").write_text(
+        "ts,src,dst,weight\n" + "".join(f"{i},a,n{i},2\n" for i in range(20)))
+    g = load_dataset("tgbl-review", root=tmp_path, download=False)
+    m = g.val_mask
+    table = {(np.int64(s), np.int64(d), np.int64(t)): np.concatenate([np.array([]), [1.0, 2.0]])
+             for s, d, t in zip(g.src[m].tolist(), g.dst[m].tolist(), g.t[m].long().tolist())}
+    for proto in (2, 4, 5):
+        raw = pickle.dumps(table, protocol=proto)
+        if proto == 2:
+            raw = raw.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+        (folder / "tgbl-review_val_ns_v2.pkl").write_bytes(raw)
+        neg = ours.load_tgb_negatives("tgbl-review", "val", g, root=tmp_path)
+        assert neg.dst.dtype == torch.long and neg.dst.tolist() == [[1, 2]] * int(m.sum())

@@ -556,6 +556,7 @@ _NUMPY_GLOBALS = {
     ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
     ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.numeric", "_frombuffer"),
     ("numpy._core.numeric", "_frombuffer"), ("builtins", "set"), ("builtins", "frozenset"),
+    ("_codecs", "encode"),          # protocol-2 pickles carry array bytes as latin-1 text
 }
 
 
