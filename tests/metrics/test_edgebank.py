@@ -78,7 +78,8 @@ def test_negatives_with_their_own_sources():
 def _tgb_loop(hist, src, dst, negs, bs):
     """TGB's examples/linkproppred/*/edgebank.py: dict memory, per-positive Evaluator calls,
     memory updated with each batch's positives after it is scored."""
-    tgb_eval = pytest.importorskip("tgb.linkproppred.evaluate")
+    tgb_eval = pytest.importorskip("tgb.linkproppred.evaluate", reason="py-tgb is not installed "
+                                   "(pip install py-tgb, in the 'test' extra)")
     ev = tgb_eval.Evaluator(name="tgbl-wiki")
     mem = {(s, d): 1 for s, d in zip(*hist)}
     per = []
