@@ -296,3 +296,24 @@ def test_negatives_pickled_by_older_numpy_and_protocols(tmp_path):
         (folder / "tgbl-review_val_ns_v2.pkl").write_bytes(raw)
         neg = ours.load_tgb_negatives("tgbl-review", "val", g, root=tmp_path)
         assert neg.dst.dtype == torch.long and neg.dst.tolist() == [[1, 2]] * int(m.sum())
+
+
+def test_bad_flight_rows(tmp_path):
+    folder = tmp_path / "tgbl_flight"
+    folder.mkdir()
+    f = folder / "tgbl-flight_edgelist_v2.csv"
+    (folder / "airport_node_feat_v2.csv").write_text(
+        "airport_code,type,continent,iso_region,longitude,latitude\n")
+    f.write_text("timestamp,src,dst,callsign,typecode\n2019-01-01,A,B,X1,A320\n"
+                 "2019-13-01,A,B,X1,A320\n")
+    with pytest.raises(DataFormatError) as e:
+        load_dataset("tgbl-flight", root=tmp_path, download=False)
+    assert (e.value.line, e.value.field) == (3, "day")
+    f.write_text("timestamp,src,dst,callsign,typecode\n2019-01-01,A,B,X1,A320\n"
+                 "2019-01-02,A,B,ABCDEFGHIJ,A320\n")
+    with pytest.raises(DataFormatError) as e:
+        load_dataset("tgbl-flight", root=tmp_path, download=False)
+    assert (e.value.line, e.value.field) == (3, "callsign")
+    (folder / "airport_node_feat_v2.csv").unlink()
+    with pytest.raises(DatasetNotFoundError, match="airport_node_feat_v2.csv"):
+        load_dataset("tgbl-flight", root=tmp_path, download=False)

@@ -68,7 +68,8 @@ class Evaluator:
         pos = neg = None
         for m in input_dict["eval_metric"]:
             if m not in self.valid_metric_list:
-                raise ValueError(f"Unsupported eval metric: {m}, not found in {self.valid_metric_list}")
+                raise ValueError(f"Unsupported eval metric: {m}, not found in "
+                                 f"{self.valid_metric_list}")
             if "y_pred_pos" not in input_dict:
                 raise RuntimeError("Missing key of y_pred_pos")
             if "y_pred_neg" not in input_dict:

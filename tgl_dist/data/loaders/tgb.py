@@ -49,7 +49,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -298,8 +298,8 @@ def _parse_sc(path: Path):
     df = _read_csv(path, "ts,src,dst,weight", skiprows=1, header=None,
                    dtype={1: str, 2: str, 3: str}, keep_default_na=False, na_filter=False)
     if df.shape[1] < 4:
-        raise DataFormatError(path, f"expected 4 columns (ts, src, dst, weight), found {df.shape[1]}",
-                              line=2)
+        raise DataFormatError(path, f"expected 4 columns (ts, src, dst, weight), found "
+                              f"{df.shape[1]}", line=2)
     t = _check_ints(path, _numeric(path, df.iloc[:, 0], "ts"), "ts")
     src, dst = _number_ids(df.iloc[:, 1].values, df.iloc[:, 2].values)
     w = _floats(path, df.iloc[:, 3].values, "weight")
@@ -379,7 +379,8 @@ def _parse_flight(path: Path, nodefile: Optional[Path]):
                        datetime.datetime.strptime(d, "%Y-%m-%d").timestamp())
         except ValueError:
             r = int(np.flatnonzero(codes == i)[0])
-            raise _row_error(path, r, "day", f"{d!r} is not {'a unix time like the first row' if unix else 'a %Y-%m-%d date'}") from None
+            want = "a unix time like the first row" if unix else "a %Y-%m-%d date"
+            raise _row_error(path, r, "day", f"{d!r} is not {want}") from None
     t = vals[codes].astype(np.int64)
     src, dst = _number_ids(df.iloc[:, 1].values, df.iloc[:, 2].values)
     feat = np.zeros((len(df), 16), dtype=np.float64)
