@@ -658,12 +658,5 @@ def load_tgb_negatives(name: str, split: str, graph: TemporalGraph,
     return TGBNegatives(split, eid.clone(), torch.from_numpy(arr.astype(np.int64)))
 
 
-def tgb_dataset_folder_files(name: str) -> Tuple[str, ...]:
-    """The file names of dataset ``name`` in TGB's folder (edge list, node features for
-    tgbl-flight, val and test negatives)."""
-    return tgb_spec(name).files
-
-
 __all__ = ["TGB_DATASETS", "TGBSpec", "TGBNegatives", "tgb_spec", "tgb_folder", "load_tgb",
-           "load_tgb_negatives", "read_tgb_negatives_file", "tgb_split_masks",
-           "tgb_dataset_folder_files"]
+           "load_tgb_negatives", "read_tgb_negatives_file", "tgb_split_masks"]
