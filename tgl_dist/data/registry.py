@@ -10,6 +10,11 @@ folder (one folder per dataset, files as their publishers name them)::
     ├── bitcoin_alpha/soc-sign-bitcoinalpha.csv.gz   (snap-signed)
     └── facebook_wall/out.facebook-wosn-wall         (konect)
 
+TGB's link datasets (``tgbl-wiki``, ``tgbl-review``, ``tgbl-coin``, ``tgbl-comment``,
+``tgbl-flight``, ...) are read from ``root/tgbl_wiki/`` etc. in py-tgb's layout by
+:func:`tgl_dist.data.loaders.tgb.load_tgb` (with TGB's split; their pre-generated
+negatives by :func:`~tgl_dist.data.loaders.tgb.load_tgb_negatives`).
+
 A missing dataset is downloaded from its canonical public URL into that layout when the
 network allows (``download=True``, short timeout, written atomically); otherwise the error
 says which file to put where and where to get it.
@@ -30,6 +35,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from tgl_dist.data.loaders import get_loader, infer_format
 from tgl_dist.data.loaders._common import DatasetNotFoundError
+from tgl_dist.data.loaders.tgb import TGB_DATASETS, load_tgb
 from tgl_dist.data.synthetic import generate_synthetic
 from tgl_dist.data.temporal import TemporalGraph
 
@@ -116,8 +122,8 @@ KNOWN: Dict[str, DatasetSpec] = {s.name: s for s in [
 
 
 def known_datasets() -> List[str]:
-    """Names :func:`load_dataset` knows (plus ``synthetic``)."""
-    return sorted(KNOWN) + ["synthetic"]
+    """Names :func:`load_dataset` knows (plus TGB's ``tgbl-*`` and ``synthetic``)."""
+    return sorted(KNOWN) + sorted(TGB_DATASETS) + ["synthetic"]
 
 
 class UnknownDatasetError(DatasetNotFoundError, ValueError):
@@ -151,7 +157,9 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
     Args:
         name_or_path: a file path (read in ``format``, or the format inferred from its
             name and first lines), a directory holding one data file, a known name
-            (``wikipedia``, ``uci``, ``bitcoin-alpha``, ``collegemsg``, ``facebook-wall``, ...;
+            (``wikipedia``, ``uci``, ``bitcoin-alpha``, ``collegemsg``, ``facebook-wall``,
+            TGB's ``tgbl-wiki``, ``tgbl-review``, ``tgbl-coin``, ``tgbl-comment``,
+            ``tgbl-flight``, ...;
             ``-`` and ``_`` are interchangeable, see :func:`known_datasets`), or
             ``synthetic``.
         root: folder of the datasets for known names (default :func:`default_root`:
@@ -180,6 +188,12 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
         return _call(get_loader(fmt), f"the {fmt} loader", kw, path)
     if path.is_dir() and key not in KNOWN:
         return _load_dir(path, format, kw)
+    if key in TGB_DATASETS and not path.exists():
+        if format not in (None, "tgb"):
+            raise ValueError(f"{key} is a TGB dataset, read in TGB's layout: format={format!r} "
+                             "makes no sense")
+        base = Path(root).expanduser() if root is not None else default_root()
+        return _call(load_tgb, "the TGB loader", {"download": download, **kw}, key, base)
     if key in KNOWN:
         spec = KNOWN[key]
         base = Path(root).expanduser() if root is not None else default_root()

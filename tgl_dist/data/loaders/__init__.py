@@ -10,6 +10,10 @@ snap-signed ``SOURCE,TARGET,RATING,TIME`` gzip CSV       :func:`load_snap_signed
 konect     ``out.*`` with ``%`` header lines             :func:`load_konect`
 pyg        ``torch.save``-d ``TemporalData``             :func:`load_pyg`
 ========== ============================================ ===========================
+
+TGB's link datasets are a folder of files, not one file: :func:`load_tgb` reads them
+(``load_dataset("tgbl-wiki", root=...)`` calls it), :func:`load_tgb_negatives` their
+pre-generated evaluation negatives (:mod:`tgl_dist.data.loaders.tgb`).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from tgl_dist.data.loaders.konect import load_konect
 from tgl_dist.data.loaders.pyg import from_pyg, load_pyg, to_pyg
 from tgl_dist.data.loaders.snap import load_snap
 from tgl_dist.data.loaders.snap_signed import load_snap_signed
+from tgl_dist.data.loaders.tgb import TGBNegatives, load_tgb, load_tgb_negatives
 from tgl_dist.errors import DataFormatError
 
 LOADERS: Dict[str, Callable] = {
@@ -107,5 +112,5 @@ def infer_format(path: PathLike) -> str:
 __all__ = [
     "LOADERS", "get_loader", "infer_format", "require_keys", "DatasetNotFoundError",
     "load_jodie", "load_dyglib", "load_snap", "load_snap_signed", "load_konect", "load_pyg",
-    "from_pyg", "to_pyg",
+    "from_pyg", "to_pyg", "load_tgb", "load_tgb_negatives", "TGBNegatives",
 ]
