@@ -127,3 +127,11 @@ def test_a_directory_of_one_file_names_the_guess_too(tmp_path):
         load_dataset(d)
     write(d / "events.csv", "src,dst,t\n1,2,3\n")
     assert load_dataset(d).name == "mydata"
+
+
+def test_a_header_after_comment_lines_is_still_a_header(tmp_path):
+    p = write(tmp_path / "c.csv", "# exported 2026-11-30\n\nsrc,dst,t\n1,2,3\n2,3,x\n")
+    assert guess_format(p) == ("csv", "the header 'src,dst,t'")
+    with pytest.raises(DataFormatError) as ei:
+        load_dataset(p)
+    assert (ei.value.line, ei.value.field) == (5, "t") and "read as csv" in str(ei.value)

@@ -112,3 +112,11 @@ def test_registered_name_reads_the_folder(tmp_path):
     _write(tmp_path / "montevideo_bus", _doc())
     g = load_dtdg("montevideo-bus", tmp_path, lags=LAGS)
     assert g.name == "montevideo_bus" and g.meta()["lags"] == LAGS
+
+
+def test_an_unhashable_link_endpoint_is_a_format_error(tmp_path):
+    doc = _doc()
+    doc["links"][0]["source"] = ["s7"]
+    with pytest.raises(DataFormatError, match="is not the id of a node") as ei:
+        load_pgt_json(_write(tmp_path, doc), lags=LAGS)
+    assert ei.value.field == "links[0].source"

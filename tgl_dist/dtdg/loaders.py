@@ -382,7 +382,7 @@ def _node_link_layout(path: Path, d: dict, lags: int, standardize: bool, fit_fra
         for end, out in (("source", src), ("target", dst)):
             v = _need(path, ln, end, f" in links[{k}]")
             if ids is not None:
-                if v not in ids:
+                if not isinstance(v, (str, int)) or isinstance(v, bool) or v not in ids:
                     raise DataFormatError(path, f"{v!r:.40} is not the id of a node",
                                           field=f"links[{k}].{end}")
                 out.append(ids[v])

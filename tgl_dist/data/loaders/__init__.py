@@ -109,8 +109,12 @@ def guess_format(path: PathLike) -> Tuple[str, str]:
         return "dyglib", head
     if low.startswith("source,target,rating,time"):
         return "snap-signed", head
-    fields = [f.strip() for f in (first.split(",") if "," in first else first.split())]
-    if first[:1] not in "#" and looks_like_header(fields):
+    data = [ln for ln in lines if not ln.startswith(("#", "%"))]
+    # a header after comment lines: the first line that is not a comment
+    top = data[0] if data else ""
+    fields = [f.strip() for f in (top.split(",") if "," in top else top.split())]
+    if fields and looks_like_header(fields):
+        head = f"the header {top.strip()[:60]!r}"
         if column_roles(fields) is not None:
             return "csv", head
         raise DataFormatError(
@@ -118,8 +122,7 @@ def guess_format(path: PathLike) -> Tuple[str, str]:
             f"destination and a time column, named {' / '.join(ROLES['src'])}, "
             f"{' / '.join(ROLES['dst'])} and {' / '.join(ROLES['t'])} (any case); rename "
             f"the columns, or pass format= (--format on the command line) one of "
-            f"{', '.join(LOADERS)}", line=raw.index(first) + 1)
-    data = [ln for ln in lines if not ln.startswith(("#", "%"))]
+            f"{', '.join(LOADERS)}", line=raw.index(top) + 1)
     if data:
         fields = data[0].replace(",", " ").replace("\t", " ").split()
         if len(fields) == 3:

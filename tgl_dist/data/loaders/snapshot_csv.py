@@ -18,7 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from tgl_dist.data.loaders._common import PathLike, finite_values, head_lines, read_table
+from tgl_dist.data.loaders._common import (PathLike, finite_values, head_lines, looks_like_header,
+                                           read_table)
 from tgl_dist.errors import DataFormatError
 
 REQUIRED = ("snapshot", "src", "dst")
@@ -84,7 +85,7 @@ def read_snapshot_csv(path: PathLike) -> SnapshotEdges:
     fields = [f.strip() for f in (head[k].split(",") if "," in head[k] else head[k].split())]
     shown = ",".join(fields)
     names = [f.lower() for f in fields]
-    if any(f and f[0] in "+-.0123456789" for f in names[:1]):
+    if not looks_like_header(fields):
         raise DataFormatError(path, f"expected a header {HEADER} on the first line, found the "
                               f"data row {shown!r}", line=k + 1)
     for f in names:
