@@ -91,3 +91,10 @@ def test_load_dtdg_infers_or_takes_the_format(tmp_path):
     assert load_dtdg(r, num_snapshots=2).meta()["num_snapshots"] == 2   # an event file, binned
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_dtdg(tmp_path / "absent.csv")
+
+
+def test_an_unknown_format_lists_the_snapshot_and_event_formats(tmp_path):
+    p = write(tmp_path / "toy.csv", TINY)
+    with pytest.raises(ValueError, match=r"unknown format 'parquet'; snapshot formats: pgt-json, "
+                                         r"snapshot-csv; event formats .*: jodie, .*csv"):
+        load_dtdg(p, format="parquet")

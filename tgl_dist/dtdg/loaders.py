@@ -630,6 +630,12 @@ def load_dtdg(data: Union[str, Path], root: Union[str, Path, None] = None, lags:
     """
     from tgl_dist.data.registry import default_root
     fmt = None if format is None else str(format).lower().replace("_", "-")
+    if fmt is not None:
+        from tgl_dist.data.loaders import LOADERS
+        if fmt not in DTDG_FORMATS and fmt not in LOADERS:
+            raise ValueError(f"unknown format {format!r}; snapshot formats: "
+                             f"{', '.join(DTDG_FORMATS)}; event formats (binned into "
+                             f"snapshots): {', '.join(LOADERS)}")
     p = Path(data).expanduser()
     if p.is_file():
         return _load_file(p, fmt, lags, standardize, span, num_snapshots)
