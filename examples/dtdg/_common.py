@@ -28,7 +28,7 @@ from tgl_dist.errors import TGLDistError  # noqa: E402
 from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_features,  # noqa: E402
                            get_graph, load_dtdg, model_names)
 from tgl_dist.dtdg.build import canonical_name  # noqa: E402
-from tgl_dist.dtdg.loaders import past_signal_features  # noqa: E402
+from tgl_dist.dtdg.loaders import SIGNAL_LAYOUTS, past_signal_features  # noqa: E402
 from tgl_dist.dtdg.partition import partition_path  # noqa: E402
 from tgl_dist.partition.storage import read_manifest, written_from  # noqa: E402
 
@@ -49,8 +49,12 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
                  lags: int, dtype: str = "float32") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.split("\n")[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("--data", default=data, help="dataset name (folder under --root), .json path, "
-                   "or a CTDG dataset binned by --span")
+    p.add_argument("--data", default=data, help="dataset name (folder under --root), a file "
+                   "(PGT .json, snapshot,src,dst[,weight] CSV, or a CTDG event file binned by "
+                   "--span), or a CTDG dataset name binned by --span")
+    p.add_argument("--format", default=None, help="format of a --data file: pgt-json, "
+                   "snapshot-csv, or a CTDG event format (default: inferred from the name and "
+                   "first line)")
     p.add_argument("--root", default=None, help="folder of the named datasets (default: "
                    "$TGL_DIST_DATASETS, else ~/.cache/tgl_dist/datasets)")
     p.add_argument("--parts", type=folder_path, default="parts",
@@ -90,10 +94,15 @@ def _prepare(args, ctx, task: str):
     if ctx.rank == 0:
         try:
             span = float(args.span) if args.span.replace(".", "", 1).isdigit() else args.span
-            g = load_dtdg(args.data, args.root or default_root(), lags=args.lags, span=span)
+            g = load_dtdg(args.data, args.root or default_root(), lags=args.lags, span=span,
+                          format=args.format)
+            if task == "node_regression" and "y" not in g.node():
+                raise ValueError(f"{args.data} has no node targets (y) for node regression "
+                                 f"(layout {g.meta().get('layout')!r}); train link prediction "
+                                 f"on it (train_link_pred.py)")
             if task == "link_pred":     # counts -> log scale, plus per-snapshot degrees of the full graph
                 x = g.node().get("x")
-                if g.meta().get("layout") == "node_signal":   # no signal after a snapshot's period
+                if g.meta().get("layout") in SIGNAL_LAYOUTS:   # no signal after a snapshot's period
                     x = past_signal_features(g)
                 deg = degree_features(g)
                 g.node()["x"] = deg if x is None else torch.cat([torch.sign(x) * x.abs().log1p(), deg], -1)
@@ -124,7 +133,7 @@ def _checkpointing(args, ctx, trainer, info, every) -> RunCheckpoint:
                 "args": {k: v for k, v in vars(args).items()
                          if k not in ("epochs", "checkpoint_dir", "checkpoint_every", "resume",
                                       "checkpoint_keep_every", "log_level", "timeout", "root",
-                                      "parts", "data", "threads", "device", "backend",
+                                      "parts", "data", "format", "threads", "device", "backend",
                                       "num_parts", "algo")}}
     ck = RunCheckpoint(args.checkpoint_dir, every, run_meta=run_meta, resume=args.resume,
                        keep_every=args.checkpoint_keep_every, group=ctx.get_default_group())

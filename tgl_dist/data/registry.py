@@ -33,11 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
-from tgl_dist.data.loaders import get_loader, infer_format
+from tgl_dist.data.loaders import add_guess, get_loader, guess_format
 from tgl_dist.data.loaders._common import DatasetNotFoundError
 from tgl_dist.data.loaders.tgb import TGB_DATASETS, load_tgb
 from tgl_dist.data.synthetic import generate_synthetic
 from tgl_dist.data.temporal import TemporalGraph
+from tgl_dist.errors import DataFormatError
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,9 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
             ``synthetic``.
         root: folder of the datasets for known names (default :func:`default_root`:
             ``$TGL_DIST_DATASETS``, else ``~/.cache/tgl_dist/datasets``).
-        format: ``jodie``, ``dyglib``, ``snap``, ``snap-signed``, ``konect`` or ``pyg``.
+        format: ``jodie``, ``dyglib``, ``snap``, ``snap-signed``, ``konect``, ``pyg`` or
+            ``csv`` (a header of known column names); guessed when ``None`` (every format
+            error then names the guessed format and what it was guessed from).
         download: fetch a missing known dataset from its public URL into ``root``.
         **kw: passed to the loader, or to :func:`generate_synthetic` (``num_nodes``,
             ``num_events``, ``seed``, ...) for ``synthetic``.
@@ -184,8 +187,7 @@ def load_dataset(name_or_path: Union[str, Path], root: Union[str, Path, None] = 
         return _call(generate_synthetic, "the synthetic generator", kw)
     path = Path(name_or_path).expanduser()
     if path.is_file():
-        fmt = format or infer_format(path)
-        return _call(get_loader(fmt), f"the {fmt} loader", kw, path)
+        return _load_file(path, format, kw)
     if path.is_dir() and key not in KNOWN:
         return _load_dir(path, format, kw)
     if key in TGB_DATASETS and not path.exists():
@@ -318,5 +320,16 @@ def _load_dir(path: Path, format: Optional[str], kw) -> TemporalGraph:
         raise DatasetNotFoundError(f"{path} is a directory with {len(cands)} candidate data files "
                                    f"({', '.join(c.name for c in cands[:8])}); pass the file itself")
     kw.setdefault("name", path.name)
-    fmt = format or infer_format(cands[0])
-    return _call(get_loader(fmt), f"the {fmt} loader", kw, cands[0])
+    return _load_file(cands[0], format, kw)
+
+
+def _load_file(path: Path, format: Optional[str], kw) -> TemporalGraph:
+    """``path`` read in ``format``, or in the guessed one: then a format error says which
+    format was guessed and from what (a wrong guess is fixed with ``format=``)."""
+    if format is not None:
+        return _call(get_loader(format), f"the {format} loader", kw, path)
+    fmt, why = guess_format(path)
+    try:
+        return _call(get_loader(fmt), f"the {fmt} loader", kw, path)
+    except DataFormatError as err:
+        raise add_guess(err, fmt, why) from None
