@@ -18,6 +18,7 @@ TGL wraps each section in a one-element list; a plain mapping is accepted too.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -27,6 +28,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 import yaml
 
 from tgl_dist.errors import TGLDistError
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(TGLDistError, ValueError):
@@ -76,9 +79,14 @@ def _nonneg_num(v):
         return f"expected a non-negative finite number, got {v!r}"
 
 
+def _opt_pos_int(v):
+    if v is not None:
+        return _pos_int(v)
+
+
 # a number as YAML 1.2 writes it; PyYAML (YAML 1.1) reads 1e-4 and 1.0e4 as strings
 _NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
-_NUMERIC_TYPES = ("int", "float", "Optional[float]")
+_NUMERIC_TYPES = ("int", "float", "Optional[float]", "Optional[int]")
 
 
 def _fanouts(v):
@@ -149,7 +157,13 @@ class GNNConfig:
 class TrainConfig:
     """``train``: optimisation."""
     epoch: int = _f(100, _pos_int, "epochs")
-    batch_size: int = _f(600, _pos_int, "events per step (over all ranks)")
+    batch_size: int = _f(600, _pos_int, "GLOBAL batch: events per step over all ranks "
+                                        "(split over them: batch_size / world_size each)")
+    local_batch_size: Optional[int] = _f(None, _opt_pos_int,
+                                         "PER-RANK batch, as TGL's dist configs mean "
+                                         "'batch_size: 4000 # local batch_size': a step covers "
+                                         "local_batch_size x world_size events; replaces "
+                                         "batch_size when set (give one of the two)")
     lr: float = _f(1e-4, _pos_num, "Adam learning rate")
     dropout: float = _f(0.1, _prob, "dropout")
     att_dropout: float = _f(0.1, _prob, "attention dropout")
@@ -158,6 +172,13 @@ class TrainConfig:
                                        "by a random multiple of batch_size / reorder each epoch "
                                        "(0 = off)")
     patience: int = _f(5, _pos_int, "early stopping: epochs without a better validation AP")
+
+    def global_batch_size(self, world_size: int) -> int:
+        """Events per step over all ``world_size`` ranks: ``local_batch_size *
+        world_size`` when the per-rank size is set, else ``batch_size``."""
+        if self.local_batch_size is not None:
+            return self.local_batch_size * int(world_size)
+        return self.batch_size
 
 
 def _opt_pos_num(v):
@@ -233,7 +254,7 @@ def _section(cls, raw: Any, name: str, source: Optional[str]):
         f = known[key]
         if isinstance(val, str) and f.type in _NUMERIC_TYPES and _NUMBER.fullmatch(val.strip()):
             val = float(val)      # lr: 1e-4 (TGL and DyGLib configs write it so)
-        if isinstance(val, float) and f.type in ("int",) and val.is_integer():
+        if isinstance(val, float) and f.type in ("int", "Optional[int]") and val.is_integer():
             val = int(val)
         if isinstance(val, int) and not isinstance(val, bool) and f.type == "float":
             val = float(val)
@@ -258,6 +279,13 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
         raise ConfigError("<root>", f"missing section{'s' * (len(missing) > 1)} "
                                     f"{', '.join(missing)}: a config needs {', '.join(_REQUIRED)} "
                                     f"(node_embedding is optional)", source)
+    train = raw.get("train")
+    train = train[0] if isinstance(train, list) and len(train) == 1 else train
+    if isinstance(train, Mapping) and "batch_size" in train and "local_batch_size" in train:
+        raise ConfigError("train.local_batch_size", f"give batch_size (events per step over all "
+                                                    f"ranks) or local_batch_size (per rank), not "
+                                                    f"both (got {train['batch_size']!r} and "
+                                                    f"{train['local_batch_size']!r})", source)
     secs = {k: _section(cls, raw.get(k), k, source) for k, cls in _SECTIONS.items()}
     _check_combination(secs, source)
     return ModelConfig(name=name, **secs)
@@ -325,8 +353,10 @@ def _check_combination(secs: Mapping[str, Any], source: Optional[str]) -> None:
         raise ConfigError("memory.mail_dst_embedding", "needs attention embeddings of size "
                                                        "memory.dim_out", source)
     tr = secs["train"]
-    if tr.reorder and tr.batch_size % tr.reorder:
-        raise ConfigError("train.reorder", f"must divide train.batch_size {tr.batch_size}, got "
+    key, b = (("local_batch_size", tr.local_batch_size) if tr.local_batch_size is not None
+              else ("batch_size", tr.batch_size))
+    if tr.reorder and b % tr.reorder:
+        raise ConfigError("train.reorder", f"must divide train.{key} {b}, got "
                                            f"{tr.reorder}", source)
 
 
@@ -369,7 +399,30 @@ def load_config(path: Union[str, Path]) -> ModelConfig:
                                     f"YAML config", str(path)) from None
     except yaml.YAMLError as e:
         raise ConfigError("<yaml>", f"not valid YAML ({e})", str(path)) from None
+    line = _local_batch_line(path.read_text())
+    if line and isinstance(raw, dict):
+        train = raw.get("train")
+        sec = train[0] if isinstance(train, list) and len(train) == 1 else train
+        if isinstance(sec, dict) and "batch_size" in sec and "local_batch_size" not in sec:
+            sec = dict(sec)
+            sec["local_batch_size"] = sec.pop("batch_size")
+            raw = {**raw, "train": [sec] if isinstance(train, list) else sec}
+            log.info("%s line %d: 'batch_size: %s' is commented as local (TGL's dist configs): "
+                     "read as train.local_batch_size, events per step PER RANK (a step covers "
+                     "it x the number of ranks)", path, line, sec["local_batch_size"])
     return parse_config(raw, name=path.stem, source=str(path))
+
+
+# TGL's dist configs: ``batch_size: 4000 # local batch_size`` (per GPU)
+_LOCAL_COMMENT = re.compile(r"^[^#]*\bbatch_size\s*:[^#]*#.*\blocal\b", re.IGNORECASE)
+
+
+def _local_batch_line(text: str) -> int:
+    """The 1-based line of a ``batch_size`` key whose comment says ``local``, or 0."""
+    for i, ln in enumerate(text.splitlines(), 1):
+        if _LOCAL_COMMENT.search(ln):
+            return i
+    return 0
 
 
 def describe(cls) -> Dict[str, str]:
