@@ -306,7 +306,8 @@ class Trainer:
         finally:
             if fh is not None:
                 fh.close()
-            self.close()
+        # not on an error: a background producer may be in a collective with a dead peer
+        self.close()
         return self.summary()
 
     def _epochs(self, writer, fh) -> None:
