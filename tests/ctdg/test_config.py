@@ -152,7 +152,7 @@ def test_a_node_embedding_that_could_never_train_is_refused(tmp_path):
 def test_yaml_merge_keys_still_load(tmp_path):
     """The repeated-key check looks at the keys written in a mapping, so YAML's merge key
     (<<: *anchor) works and a key may override a merged one."""
-    from tgl_dist.ctdg.config import _UniqueKeyLoader
+    from tgl_dist.ctdg.config_file import _UniqueKeyLoader
     text = "a: &base {lr: 0.1, epoch: 3}\nb:\n  <<: *base\n  lr: 0.2\n"
     assert yaml.load(text, Loader=_UniqueKeyLoader) == yaml.safe_load(text) == {
         "a": {"lr": 0.1, "epoch": 3}, "b": {"lr": 0.2, "epoch": 3}}
@@ -201,7 +201,7 @@ TGL_DIST_TRAIN = """train:
 def test_tgl_dist_configs_local_batch_size_comment_is_read_per_rank(tmp_path, caplog):
     head = TGN.split("train:")[0]
     path = _write(tmp_path, head + TGL_DIST_TRAIN)
-    with caplog.at_level("INFO", logger="tgl_dist.ctdg.config"):
+    with caplog.at_level("INFO", logger="tgl_dist.ctdg.config_file"):
         tr = load_config(path).train
     assert (tr.local_batch_size, tr.batch_size) == (4000, 600)   # batch_size: the default
     assert [tr.global_batch_size(w) for w in (1, 2, 8)] == [4000, 8000, 32000]

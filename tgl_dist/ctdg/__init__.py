@@ -1,7 +1,8 @@
 """CTDG: memory-based temporal GNNs (TGN, JODIE, APAN, DyRep, TGAT) from TGL-style YAML, their training loop, and the Trainer."""
 from tgl_dist.ctdg.builder import build_model, embedding_dim
 from tgl_dist.ctdg.config import (ConfigError, GNNConfig, MemoryConfig, ModelConfig,
-                                  SamplingConfig, TrainConfig, load_config, parse_config)
+                                  SamplingConfig, TrainConfig, parse_config)
+from tgl_dist.ctdg.config_file import load_config
 from tgl_dist.ctdg.tgnn import LinkPredOutput, TemporalLinkModel
 from tgl_dist.ctdg.training import link_loss, run_epoch
 from tgl_dist.ctdg.run import RunSetupError, ensure_partition, split_batch
