@@ -62,6 +62,28 @@ def test_torchrun_two_processes_jodie(tmp_path):
     assert 0.0 <= out["test_ap"] <= 1.0
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_tgl_dist_config_local_batch_size_is_per_process(tmp_path):
+    # TGL's dist configs write "batch_size: 4000 # local batch_size" (per GPU): 2 processes
+    # then train on windows of 2 x 50 events; --batch-size (global) replaces it
+    cfg = tmp_path / "JODIE-dist.yml"
+    cfg.write_text((REPO / "configs" / "JODIE.yml").read_text().replace(
+        "batch_size: 600", "batch_size: 50 # local batch_size"))
+    tiny = [a for a in TINY]
+    del tiny[tiny.index("--batch-size"):tiny.index("--batch-size") + 2]
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+            str(SCRIPT), "--config", str(cfg), "--partition-algo", "hash"]
+    out = _run([*base, "--parts", str(tmp_path / "parts"), *tiny], tmp_path)
+    assert (out["world_size"], out["batch_size"]) == (2, 100)
+    one = _run([sys.executable, str(SCRIPT), "--config", str(cfg), "--partition-algo", "hash",
+                "--parts", str(tmp_path / "parts"), *tiny], tmp_path)
+    assert (one["world_size"], one["batch_size"]) == (1, 50)
+    over = _run([*base, "--parts", str(tmp_path / "parts"), *tiny, "--batch-size", "60"],
+                tmp_path)
+    assert over["batch_size"] == 60
+
+
 @pytest.mark.distributed
 def test_torchrun_batch_not_a_multiple_of_the_processes_is_refused(tmp_path):
     # before: 2 processes silently trained on 100-event windows for --batch-size 101 (and
