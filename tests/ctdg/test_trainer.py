@@ -124,3 +124,15 @@ def test_two_ranks_split_the_global_batch_and_multiply_the_local_one(tmp_path):
     # batch_size 100 over 2 ranks: 50 each, windows of 100 events; local 50: the same run
     assert r0["global"][:4] == r0["local"][:4] == (100, 50, 100, 7)
     assert r0["global"][4] == r0["local"][4]
+
+
+def test_hooks_and_metric_names_are_checked(tmp_path):
+    kw = dict(parts=tmp_path / "parts", dataset_kwargs=SMALL, progress=False)
+    with pytest.raises(ValueError, match=r"metrics: \['ap'\] would replace the built-in"):
+        Trainer(_config(1), "synthetic", metrics={"ap": lambda: None}, **kw)
+    with pytest.raises(TypeError, match="on_step: expected callables"):
+        Trainer(_config(1), "synthetic", on_step=[1], **kw)
+    seen = []
+    tr = Trainer(_config(1), "synthetic", on_epoch_end=lambda t, e, r: seen.append(e), **kw)
+    tr.fit()                                   # one callable is a list of one
+    assert seen == [0]

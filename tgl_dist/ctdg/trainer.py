@@ -101,8 +101,8 @@ class Trainer:
             object with ``update(pos [B], neg [B], neg_k [B, k] or None)`` (every eval
             batch) and ``compute(group) -> float`` (collective, whole split); recorded as
             ``val_<name>`` / ``test_<name>`` (history, CSV, summary).
-        on_step: hooks ``hook(trainer, epoch, steps_done)`` on every rank after each
-            training step (optimizer step and memory write-back done).
+        on_step: hooks (a list, or one callable) ``hook(trainer, epoch, steps_done)`` on
+            every rank after each training step (optimizer step and write-back done).
         on_evaluate: hooks ``hook(trainer, epoch, split)`` on every rank when the
             evaluation of ``'val'`` or ``'test'`` starts.
         on_epoch_end: hooks ``hook(trainer, epoch, record)`` on every rank after each
@@ -136,6 +136,14 @@ class Trainer:
                  root: Optional[str] = None, format: Optional[str] = None,
                  dataset_kwargs: Optional[Dict[str, Any]] = None) -> None:
         self.config, self.context = config, context
+        self.extra_metrics = dict(metrics or {})
+        taken = sorted(set(self.extra_metrics) & {"ap", "auc", "mrr", "ap_batch_mean"})
+        if taken:
+            raise ValueError(f"metrics: {taken} would replace the built-in val_/test_ figures "
+                             f"of that name; choose other names")
+        self.step_hooks: List[StepHook] = _hook_list(on_step, "on_step")
+        self.eval_hooks: List[EvalHook] = _hook_list(on_evaluate, "on_evaluate")
+        self.hooks: List[EpochHook] = _hook_list(on_epoch_end, "on_epoch_end")
         self.rank, self.world_size = world()
         self.device = torch.device(context.device) if context is not None else torch.device("cpu")
         torch.manual_seed(seed)
@@ -185,10 +193,6 @@ class Trainer:
         broadcast_parameters(self.model)
         self.optimizer = build_optimizer(self.model, lr=tr.lr)
         self.stopper = EarlyStopMonitor(patience=tr.patience)
-        self.extra_metrics = dict(metrics or {})
-        self.step_hooks: List[StepHook] = list(on_step or [])
-        self.eval_hooks: List[EvalHook] = list(on_evaluate or [])
-        self.hooks: List[EpochHook] = list(on_epoch_end or [])
         self.progress = progress and self.rank == 0
         self.eval_neg, self.partition_algo = eval_neg, partition_algo
         self.checkpoint = RunCheckpoint(
@@ -377,6 +381,15 @@ class Trainer:
         """Stop the loaders' background threads (``fit`` calls it at the end)."""
         for ld in self.loaders.values():
             ld.close()
+
+
+def _hook_list(hooks: Any, name: str) -> List[Callable]:
+    """A list of hooks from ``None``, one callable or a sequence of them."""
+    hooks = [] if hooks is None else [hooks] if callable(hooks) else list(hooks)
+    bad = [h for h in hooks if not callable(h)]
+    if bad:
+        raise TypeError(f"{name}: expected callables, got {bad!r:.80}")
+    return hooks
 
 
 def _csv_row(row: Mapping[str, Any]) -> Dict[str, Any]:
