@@ -1,4 +1,6 @@
-"""ctdg.Trainer: hooks, custom metrics, a model of one's own, and the batch-size split (1 and 2 ranks)."""
+"""ctdg.Trainer: hooks, custom metrics, a model of one's own, the batch split on 1 and 2 ranks."""
+# named test_ctdg_trainer, not test_trainer: tests/dtdg/test_trainer.py holds that module
+# name, and the 2-rank worker below is pickled by its module's name
 import csv
 
 import pytest
