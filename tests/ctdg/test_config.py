@@ -152,7 +152,7 @@ def test_a_node_embedding_that_could_never_train_is_refused(tmp_path):
 def test_yaml_merge_keys_still_load(tmp_path):
     """The repeated-key check looks at the keys written in a mapping, so YAML's merge key
     (<<: *anchor) works and a key may override a merged one."""
-    from tgl_dist.ctdg.config import _UniqueKeyLoader
+    from tgl_dist.ctdg.config_file import _UniqueKeyLoader
     text = "a: &base {lr: 0.1, epoch: 3}\nb:\n  <<: *base\n  lr: 0.2\n"
     assert yaml.load(text, Loader=_UniqueKeyLoader) == yaml.safe_load(text) == {
         "a": {"lr": 0.1, "epoch": 3}, "b": {"lr": 0.2, "epoch": 3}}
@@ -185,3 +185,47 @@ def test_dropout_of_one_is_refused():
     for field in ("dropout", "att_dropout"):
         with pytest.raises(ConfigError, match=r"train.%s.*\[0, 1\)" % field):
             load_config(CONFIGS / "TGN.yml").replace(train={field: 1.0})
+
+
+# TGL's distributed configs (tgl/config/dist/*.yml) write the per-GPU batch this way
+TGL_DIST_TRAIN = """train:
+  - epoch: 100
+    batch_size: 4000 # local batch_size
+    lr: 0.0008
+    dropout: 0.2
+    att_dropout: 0.2
+    all_on_gpu: True
+"""
+
+
+def test_tgl_dist_configs_local_batch_size_comment_is_read_per_rank(tmp_path, caplog):
+    head = TGN.split("train:")[0]
+    path = _write(tmp_path, head + TGL_DIST_TRAIN)
+    with caplog.at_level("INFO", logger="tgl_dist.ctdg.config_file"):
+        tr = load_config(path).train
+    assert (tr.local_batch_size, tr.batch_size) == (4000, 600)   # batch_size: the default
+    assert [tr.global_batch_size(w) for w in (1, 2, 8)] == [4000, 8000, 32000]
+    assert "line" in caplog.text and "read as train.local_batch_size" in caplog.text
+    # without the comment the same number is the global batch (TGL's single-GPU configs)
+    tr = load_config(_write(tmp_path, head + TGL_DIST_TRAIN.replace(" # local batch_size", ""),
+                            "plain.yml")).train
+    assert (tr.local_batch_size, tr.global_batch_size(2)) == (None, 4000)
+    # another comment on the line, or "local" on another line, changes nothing
+    other = TGL_DIST_TRAIN.replace("# local batch_size", "# events").replace(
+        "lr: 0.0008", "lr: 0.0008  # local minimum")
+    assert load_config(_write(tmp_path, head + other, "other.yml")).train.local_batch_size is None
+
+
+def test_local_batch_size_key_and_its_checks(tmp_path):
+    head = TGN.split("train:")[0]
+    cfg = parse_config(yaml.safe_load(head + "train: [{local_batch_size: 300, reorder: 3}]"))
+    assert cfg.train.global_batch_size(4) == 1200
+    with pytest.raises(ConfigError, match="train.local_batch_size: give batch_size .* not both"):
+        parse_config(yaml.safe_load(head + "train: [{local_batch_size: 300, batch_size: 600}]"))
+    with pytest.raises(ConfigError, match="train.local_batch_size: expected a positive integer"):
+        parse_config(yaml.safe_load(head + "train: [{local_batch_size: 0}]"))
+    with pytest.raises(ConfigError, match=r"train.reorder: must divide train.local_batch_size 300"):
+        parse_config(yaml.safe_load(head + "train: [{local_batch_size: 300, reorder: 7}]"))
+    # an override of the global batch clears the per-rank one (what --batch-size does)
+    over = cfg.replace(train={"batch_size": 900, "local_batch_size": None})
+    assert over.train.global_batch_size(4) == 900

@@ -34,7 +34,8 @@ def test_formatter_adds_a_default_once():
     assert "no bars" in text and "default: False" not in text
 
 
-@pytest.mark.parametrize("script", ["ctdg/train_tgn.py", "dtdg/_common.py"])
+@pytest.mark.parametrize("script", ["ctdg/train_tgn.py", "ctdg/custom_model.py",
+                                    "dtdg/_common.py"])
 def test_example_help_has_no_repeated_or_empty_default(script):
     path = REPO / "examples" / script
     mod = load_script(path, "_help_" + path.stem)

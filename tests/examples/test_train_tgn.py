@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scripts_util import load_script
+from tgl_dist.ctdg.run import RunSetupError, ensure_partition
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "ctdg" / "train_tgn.py"
 KEYS = {"model", "data", "world_size", "epochs", "val_ap", "test_ap", "test_auc", "test_mrr",
@@ -61,6 +62,28 @@ def test_torchrun_two_processes_jodie(tmp_path):
     assert 0.0 <= out["test_ap"] <= 1.0
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_tgl_dist_config_local_batch_size_is_per_process(tmp_path):
+    # TGL's dist configs write "batch_size: 4000 # local batch_size" (per GPU): 2 processes
+    # then train on windows of 2 x 50 events; --batch-size (global) replaces it
+    cfg = tmp_path / "JODIE-dist.yml"
+    cfg.write_text((REPO / "configs" / "JODIE.yml").read_text().replace(
+        "batch_size: 600", "batch_size: 50 # local batch_size"))
+    tiny = [a for a in TINY]
+    del tiny[tiny.index("--batch-size"):tiny.index("--batch-size") + 2]
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+            str(SCRIPT), "--config", str(cfg), "--partition-algo", "hash"]
+    out = _run([*base, "--parts", str(tmp_path / "parts"), *tiny], tmp_path)
+    assert (out["world_size"], out["batch_size"]) == (2, 100)
+    one = _run([sys.executable, str(SCRIPT), "--config", str(cfg), "--partition-algo", "hash",
+                "--parts", str(tmp_path / "parts"), *tiny], tmp_path)
+    assert (one["world_size"], one["batch_size"]) == (1, 50)
+    over = _run([*base, "--parts", str(tmp_path / "parts"), *tiny, "--batch-size", "60"],
+                tmp_path)
+    assert over["batch_size"] == 60
+
+
 @pytest.mark.distributed
 def test_torchrun_batch_not_a_multiple_of_the_processes_is_refused(tmp_path):
     # before: 2 processes silently trained on 100-event windows for --batch-size 101 (and
@@ -77,30 +100,36 @@ def test_torchrun_batch_not_a_multiple_of_the_processes_is_refused(tmp_path):
     assert not (tmp_path / "parts").exists()       # refused before partitioning
 
 
+def _ensure(mod, argv):
+    """The trainer's partition-on-first-use (rank 0 of a world of one) with the example's
+    flags, as ``Trainer`` calls it."""
+    a = mod.build_parser().parse_args(argv)
+    kw = {k: v for k, v in (("num_nodes", a.num_nodes), ("num_events", a.num_events),
+                            ("seed", a.data_seed)) if v is not None}
+    return ensure_partition(a.data, a.parts, a.partition_algo, world_size=1, rank=0,
+                            repartition=a.repartition, root=a.root, format=a.format,
+                            dataset_kwargs=kw)
+
+
 def test_a_partition_of_other_data_is_written_again(tmp_path):
     """The partition cache is keyed by the data's fingerprint, not only its name: another
     --num-events (or an edited file) partitions again instead of training on stale parts."""
-    import types
     mod = load_script(SCRIPT, "_tgn_parts")
     from tgl_dist.partition.storage import read_manifest
-    ctx = types.SimpleNamespace(rank=0, world_size=1)
     parts = ["--parts", str(tmp_path / "parts"), "--num-nodes", "60"]
-    folder = mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "900"]), ctx)
+    folder = _ensure(mod, parts + ["--num-events", "900"])
     part = folder / "metis_for_tgnn_1"
     assert read_manifest(part)["num_events"] == 900
     written = (part / "manifest.json").stat().st_mtime_ns
-    mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "900"]), ctx)
+    _ensure(mod, parts + ["--num-events", "900"])
     assert (part / "manifest.json").stat().st_mtime_ns == written       # same data: reused
-    mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "700"]), ctx)
+    _ensure(mod, parts + ["--num-events", "700"])
     assert read_manifest(part)["num_events"] == 700                     # other data: rewritten
     fp = read_manifest(part)["fingerprint"]
-    mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "700",
-                                                                "--data-seed", "3"]), ctx)
+    _ensure(mod, parts + ["--num-events", "700", "--data-seed", "3"])
     assert read_manifest(part)["fingerprint"] != fp                     # another seed: rewritten
     written = (part / "manifest.json").stat().st_mtime_ns
-    mod.ensure_partition(mod.build_parser().parse_args(parts + ["--num-events", "700",
-                                                                "--data-seed", "3",
-                                                                "--repartition"]), ctx)
+    _ensure(mod, parts + ["--num-events", "700", "--data-seed", "3", "--repartition"])
     assert (part / "manifest.json").stat().st_mtime_ns != written       # --repartition: rewritten
 
 
@@ -108,22 +137,21 @@ def test_parts_below_the_root_and_a_split_without_events_are_refused(tmp_path):
     """--parts given the printed partition folder used to get a new partition written
     inside it; a stream on one timestamp (a weight column read as time) used to train and
     end with NaN metrics and exit status 0."""
-    import types
     mod = load_script(SCRIPT, "_tgn_refused")
-    ctx = types.SimpleNamespace(rank=0, world_size=1)
-    run = lambda *a: mod.ensure_partition(mod.build_parser().parse_args(list(a)), ctx)  # noqa: E731
+    run = lambda *a: _ensure(mod, list(a))  # noqa: E731
     root = tmp_path / "parts"
     folder = run("--parts", str(root), "--num-nodes", "60", "--num-events", "900")
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
     for below, hint in ((folder / "metis_for_tgnn_1", "is one partition"),
                         (folder, "holds one dataset's partitions")):
-        with pytest.raises(SystemExit, match=f"{hint}.*--parts {root}$"):
+        with pytest.raises(RunSetupError, match=f"{hint}.*--parts {root}$"):
             run("--parts", str(below), "--num-nodes", "60", "--num-events", "900")
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before   # nothing nested
     csv_path = tmp_path / "events.csv"   # SOURCE,TARGET,RATING,TIME with a constant "time"
     csv_path.write_text("SOURCE,TARGET,RATING,TIME\n" +
                         "".join(f"{i % 7},{7 + i % 5},{i},1\n" for i in range(200)))
-    with pytest.raises(SystemExit, match=r"leaves val and test without events \(train/val/test "
-                                         r"200/0/0 of 200; 1 distinct timestamps"):
+    with pytest.raises(RunSetupError, match=r"leaves val and test without events "
+                                            r"\(train/val/test 200/0/0 of 200; 1 distinct "
+                                            r"timestamps"):
         run("--parts", str(tmp_path / "p2"), "--data", str(csv_path))
     assert not (tmp_path / "p2").exists()

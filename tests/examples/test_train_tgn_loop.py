@@ -100,8 +100,9 @@ def test_an_early_stopped_run_resumes_as_finished(tmp_path, scripted):
 def test_lr_and_eval_neg_reach_the_optimizer_and_the_evaluation_negatives(tmp_path, scripted,
                                                                          monkeypatch):
     mod = load_script(SCRIPT, "_tgn_loop")
+    import tgl_dist.ctdg.trainer as trainer_mod   # the example's loop is the library's Trainer
     seen = {}
-    build_optimizer, negative = mod.build_optimizer, mod.NegativeSampling
+    build_optimizer, negative = trainer_mod.build_optimizer, trainer_mod.NegativeSampling
 
     def record_opt(model, lr, **kw):
         seen["lr"] = lr
@@ -110,8 +111,8 @@ def test_lr_and_eval_neg_reach_the_optimizer_and_the_evaluation_negatives(tmp_pa
     def record_neg(*a, **kw):
         seen.setdefault("neg", []).append(a)
         return negative(*a, **kw)
-    monkeypatch.setattr(mod, "build_optimizer", record_opt)
-    monkeypatch.setattr(mod, "NegativeSampling", record_neg)
+    monkeypatch.setattr(trainer_mod, "build_optimizer", record_opt)
+    monkeypatch.setattr(trainer_mod, "NegativeSampling", record_neg)
     mod.main(_args(tmp_path, "--epochs", "1", "--lr", "0.0123", "--eval-neg", "4"))
     assert seen["lr"] == 0.0123
     assert sorted(a[2] for a in seen["neg"]) == [1, 4]     # training: 1; evaluation: --eval-neg

@@ -13,7 +13,8 @@ Example (``configs/TGN.yml``)::
     gnn: [{arch: transformer_attention, layer: 1, att_head: 2, dim_time: 100, dim_out: 100}]
     train: [{epoch: 100, batch_size: 600, lr: 0.0001, dropout: 0.2, att_dropout: 0.2}]
 
-TGL wraps each section in a one-element list; a plain mapping is accepted too.
+TGL wraps each section in a one-element list; a plain mapping is accepted too. Files
+are read by :func:`tgl_dist.ctdg.config_file.load_config` (re-exported here).
 """
 from __future__ import annotations
 
@@ -21,10 +22,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
-
-import yaml
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from tgl_dist.errors import TGLDistError
 
@@ -76,9 +74,14 @@ def _nonneg_num(v):
         return f"expected a non-negative finite number, got {v!r}"
 
 
+def _opt_pos_int(v):
+    if v is not None:
+        return _pos_int(v)
+
+
 # a number as YAML 1.2 writes it; PyYAML (YAML 1.1) reads 1e-4 and 1.0e4 as strings
 _NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
-_NUMERIC_TYPES = ("int", "float", "Optional[float]")
+_NUMERIC_TYPES = ("int", "float", "Optional[float]", "Optional[int]")
 
 
 def _fanouts(v):
@@ -149,7 +152,13 @@ class GNNConfig:
 class TrainConfig:
     """``train``: optimisation."""
     epoch: int = _f(100, _pos_int, "epochs")
-    batch_size: int = _f(600, _pos_int, "events per step (over all ranks)")
+    batch_size: int = _f(600, _pos_int, "GLOBAL batch: events per step over all ranks "
+                                        "(split over them: batch_size / world_size each)")
+    local_batch_size: Optional[int] = _f(None, _opt_pos_int,
+                                         "PER-RANK batch, as TGL's dist configs mean "
+                                         "'batch_size: 4000 # local batch_size': a step covers "
+                                         "local_batch_size x world_size events; replaces "
+                                         "batch_size when set (give one of the two)")
     lr: float = _f(1e-4, _pos_num, "Adam learning rate")
     dropout: float = _f(0.1, _prob, "dropout")
     att_dropout: float = _f(0.1, _prob, "attention dropout")
@@ -158,6 +167,13 @@ class TrainConfig:
                                        "by a random multiple of batch_size / reorder each epoch "
                                        "(0 = off)")
     patience: int = _f(5, _pos_int, "early stopping: epochs without a better validation AP")
+
+    def global_batch_size(self, world_size: int) -> int:
+        """Events per step over all ``world_size`` ranks: ``local_batch_size *
+        world_size`` when the per-rank size is set, else ``batch_size``."""
+        if self.local_batch_size is not None:
+            return self.local_batch_size * int(world_size)
+        return self.batch_size
 
 
 def _opt_pos_num(v):
@@ -233,7 +249,7 @@ def _section(cls, raw: Any, name: str, source: Optional[str]):
         f = known[key]
         if isinstance(val, str) and f.type in _NUMERIC_TYPES and _NUMBER.fullmatch(val.strip()):
             val = float(val)      # lr: 1e-4 (TGL and DyGLib configs write it so)
-        if isinstance(val, float) and f.type in ("int",) and val.is_integer():
+        if isinstance(val, float) and f.type in ("int", "Optional[int]") and val.is_integer():
             val = int(val)
         if isinstance(val, int) and not isinstance(val, bool) and f.type == "float":
             val = float(val)
@@ -258,6 +274,13 @@ def parse_config(raw: Mapping[str, Any], name: str = "model",
         raise ConfigError("<root>", f"missing section{'s' * (len(missing) > 1)} "
                                     f"{', '.join(missing)}: a config needs {', '.join(_REQUIRED)} "
                                     f"(node_embedding is optional)", source)
+    train = raw.get("train")
+    train = train[0] if isinstance(train, list) and len(train) == 1 else train
+    if isinstance(train, Mapping) and "batch_size" in train and "local_batch_size" in train:
+        raise ConfigError("train.local_batch_size", f"give batch_size (events per step over all "
+                                                    f"ranks) or local_batch_size (per rank), not "
+                                                    f"both (got {train['batch_size']!r} and "
+                                                    f"{train['local_batch_size']!r})", source)
     secs = {k: _section(cls, raw.get(k), k, source) for k, cls in _SECTIONS.items()}
     _check_combination(secs, source)
     return ModelConfig(name=name, **secs)
@@ -325,53 +348,16 @@ def _check_combination(secs: Mapping[str, Any], source: Optional[str]) -> None:
         raise ConfigError("memory.mail_dst_embedding", "needs attention embeddings of size "
                                                        "memory.dim_out", source)
     tr = secs["train"]
-    if tr.reorder and tr.batch_size % tr.reorder:
-        raise ConfigError("train.reorder", f"must divide train.batch_size {tr.batch_size}, got "
+    key, b = (("local_batch_size", tr.local_batch_size) if tr.local_batch_size is not None
+              else ("batch_size", tr.batch_size))
+    if tr.reorder and b % tr.reorder:
+        raise ConfigError("train.reorder", f"must divide train.{key} {b}, got "
                                            f"{tr.reorder}", source)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (plain YAML loading
-    keeps the last one, so ``lr: 0.0001`` then ``lr: 0.1`` would train at 0.1 silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        lines: Dict[Any, int] = {}
-        for key_node, _ in node.value:   # the keys written here; merged ones (<<) may be overridden
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = lines.setdefault(key, key_node.start_mark.line + 1)
-            except TypeError:       # an unhashable key: the base class reports it
-                break
-            if first != key_node.start_mark.line + 1:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice in one mapping (lines {first} and "
-                    f"{key_node.start_mark.line + 1}); the second would silently replace the "
-                    f"first", key_node.start_mark)
-        return super().construct_mapping(node, deep)
-
-
-def load_config(path: Union[str, Path]) -> ModelConfig:
-    """Read and validate a YAML config; the model name is the file stem. A key given twice
-    in one mapping is an error."""
-    path = Path(path)
-    try:
-        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
-    except FileNotFoundError:
-        raise ConfigError("<file>", "config file not found", str(path)) from None
-    except IsADirectoryError:
-        raise ConfigError("<file>", "is a folder, expected a YAML config file", str(path)) from None
-    except OSError as e:
-        raise ConfigError("<file>", f"cannot be read ({e.strerror or e})", str(path)) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError("<file>", f"not a text file (byte {e.start} is not UTF-8); expected a "
-                                    f"YAML config", str(path)) from None
-    except yaml.YAMLError as e:
-        raise ConfigError("<yaml>", f"not valid YAML ({e})", str(path)) from None
-    return parse_config(raw, name=path.stem, source=str(path))
 
 
 def describe(cls) -> Dict[str, str]:
     """Field -> help text of a section class (for docs and ``--help``)."""
     return {f.name: f.metadata.get("help", "") for f in fields(cls)}
+
+
+from tgl_dist.ctdg.config_file import load_config  # noqa: E402,F401  (re-exported: it reads files)

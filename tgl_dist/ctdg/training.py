@@ -111,7 +111,12 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         loader: yields ``(roots, mfgs, metadata, sample_time)``; on several ranks
             ``metadata['window']`` (the step's global positions, see
             :class:`DistributedDataLoader`) sets each rank's share of the loss.
-        mailbox: the :class:`SharedMailBox` the loader fetches from, or ``None``.
+        mailbox: the :class:`SharedMailBox` the loader fetches from, or ``None``. After
+            each step it is written back by ``model.write_back(mailbox, roots, mfgs,
+            metadata, out)`` when the model has that method (a custom model's own use of
+            the Mailbox API: ``get_update_memory``, ``get_update_mail``,
+            ``set_mailbox_all_to_all``; a collective, every rank calls it every step), else
+            by ``mailbox.update(out.memory, roots, ...)`` (the built-in models).
         optimizer: train when given.
         metrics: collects ``pos [B]``, first negatives ``[B]`` and all ``k`` negatives.
         group: process group for the gradient and event-count all-reduces.
@@ -138,6 +143,7 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
         total, steps = float(resume["total"]), int(resume["steps"])
         events, ap_sum = int(resume["events"]), float(resume["ap_sum"])
         ap_batches = int(resume.get("ap_batches", steps))   # older checkpoints: every step
+    write_back = getattr(model, "write_back", None) if mailbox is not None else None
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.set_grad_enabled(train):
         for roots, mfgs, meta, _ in loader:
@@ -162,7 +168,9 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
                 if not train and B:   # a rank's empty share of a window is no batch
                     ap_sum += average_precision(pos.detach(), neg.detach()[:B])
                     ap_batches += 1
-            if mailbox is not None:
+            if write_back is not None:
+                write_back(mailbox, roots, mfgs, meta, out)
+            elif mailbox is not None:
                 mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
                                roots.extra.get("f"), out.embedding, out.mail_uses_embedding,
                                mfgs[-1])

@@ -99,8 +99,10 @@ class DistributedDataLoader:
         sampler_fn: ``None`` / ``SAMPLE_TYPE.SAMPLE_FROM_TEMPORAL_EDGES`` (roots are the
             events' endpoints), or a callable ``fn(sampler, roots, group, epoch) -> mfgs``.
         neg_sampler: a :class:`NegativeSampling` or ``None`` (no negatives).
-        batch_size: events per rank per step; a window holds ``batch_size * world_size``
-            global events.
+        batch_size: events PER RANK per step (default 600): each step's window holds
+            ``batch_size * world_size`` global events. A config's ``train.batch_size`` is
+            the global size: pass ``split_batch(cfg.train.batch_size, world_size)[0]``
+            (:func:`tgl_dist.ctdg.run.split_batch`), as :class:`tgl_dist.ctdg.Trainer` does.
         shuffle: visit windows in a random order (seeded, same on all ranks); only
             without a mailbox (memory needs chronological order).
         drop_last: drop a last window smaller than ``batch_size * world_size``.
@@ -400,6 +402,11 @@ class DistributedDataLoader:
         if self._thread is not None:
             _stop_producer(self._thread, self._stop, self._queue)
         self._thread = None
+
+    def close(self) -> None:
+        """Stop the background thread of an iteration left unfinished (an abandoned
+        iterator, an exception in the loop); safe to call at any time, and again."""
+        self._join()
 
     def __repr__(self) -> str:
         return (f"DistributedDataLoader(split={self.data.name!r}, events={len(self.data)}, "

@@ -1,0 +1,140 @@
+"""A CTDG run's setup: partition on first use (rank 0 writes, the others wait) and the per-rank batch split.
+
+:func:`ensure_partition` is what :class:`tgl_dist.ctdg.Trainer` calls before it loads its
+rank's part; :func:`split_batch` turns the global batch size (events per step over all
+ranks, ``train.batch_size``) into the loader's per-rank ``batch_size``. Both are usable
+alone, e.g. in a hand-written loop::
+
+    folder = ensure_partition("synthetic", "parts", world_size=ctx.world_size)
+    per_rank, chunk = split_batch(600, ctx.world_size)
+    loader = DistributedDataLoader(graph, "train", batch_size=per_rank, chunk_size=chunk)
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Union
+
+from tgl_dist.dist import broadcast_object, world
+from tgl_dist.errors import TGLDistError
+from tgl_dist.partition import partition_graph
+from tgl_dist.partition.storage import MANIFEST, written_from
+
+log = logging.getLogger(__name__)
+
+
+class RunSetupError(TGLDistError, ValueError):
+    """A run that cannot start as asked (a bad ``parts`` root, empty splits, a batch size
+    that does not split over the ranks); raised on every rank alike."""
+
+
+def check_parts_root(root: Path) -> None:
+    """``ValueError`` when ``root`` names a level below the partition root: one partition
+    (``<root>/<name>/<algo>_<P>``, which holds the manifest) or one dataset's partitions
+    (``<root>/<name>``). Either would get a new partition written inside it."""
+    root = Path(root)
+    if (root / MANIFEST).is_file():
+        raise RunSetupError(f"--parts {root} is one partition (it holds {MANIFEST}); --parts "
+                            f"takes the root that python -m tgl_dist.partition --out wrote "
+                            f"into: --parts {root.parent.parent}")
+    if root.is_dir() and any((d / MANIFEST).is_file() for d in root.iterdir() if d.is_dir()):
+        raise RunSetupError(f"--parts {root} holds one dataset's partitions; --parts takes the "
+                            f"folder above it (the --out of python -m tgl_dist.partition): "
+                            f"--parts {root.parent}")
+
+
+def check_splits(g, data: str) -> None:
+    """``ValueError`` when the chronological split leaves train, validation or test empty:
+    validation and test are the events after the 70 % and 85 % quantiles of time, so a
+    stream with (nearly) one timestamp, e.g. a column read as time that is not one, has
+    no validation or test events, and every metric would be NaN."""
+    counts = {k: int(g.masks[k].sum()) for k in ("train", "val", "test")}
+    empty = [k for k, n in counts.items() if n == 0]
+    if empty:
+        raise RunSetupError(
+            f"{data}: the chronological split leaves {' and '.join(empty)} without events "
+            f"(train/val/test {counts['train']}/{counts['val']}/{counts['test']} of "
+            f"{g.num_events}; {int(g.t.unique().numel())} distinct timestamps from "
+            f"{float(g.t.min()) if g.num_events else 0:g} to "
+            f"{float(g.t.max()) if g.num_events else 0:g}). Validation and test are the "
+            f"events after the 70 % and 85 % quantiles of time: check that the column read "
+            f"as time is the time (--format)")
+
+
+def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str = "metis_for_tgnn",
+                     world_size: Optional[int] = None, rank: Optional[int] = None,
+                     repartition: bool = False, root: Optional[str] = None,
+                     format: Optional[str] = None,
+                     dataset_kwargs: Optional[Dict[str, Any]] = None) -> Path:
+    """The dataset's partition folder ``parts/<name>`` holding ``<algo>_<world_size>``,
+    written on first use (collective: every rank calls it).
+
+    Rank 0 loads ``data`` (a name or path for :func:`tgl_dist.data.load_dataset`, or a
+    :class:`~tgl_dist.data.TemporalGraph`) and partitions it when the partition is
+    absent or was written from other data (its manifest's fingerprint differs: an edited
+    file, another ``num_events`` or ``seed``), or when ``repartition``; the other ranks
+    wait for it. An error on rank 0 (a bad ``parts`` level, empty splits, an unreadable
+    file, ``parts`` not writable) is raised on every rank as :class:`RunSetupError`.
+
+    Args:
+        data: dataset name, file path, or a ``TemporalGraph``.
+        parts: the partition root (the ``--out`` of ``python -m tgl_dist.partition``).
+        algo: partitioner run on first use.
+        world_size, rank: default: the world's.
+        repartition: partition again even if a matching partition exists.
+        root, format, dataset_kwargs: passed to ``load_dataset`` (``root`` folder of the
+            named datasets, file ``format``, e.g. ``{'num_nodes': 60}`` for synthetic).
+    """
+    r, w = world()
+    rank = r if rank is None else rank
+    world_size = w if world_size is None else world_size
+    folder, err = None, None
+    if rank == 0:
+        try:
+            check_parts_root(Path(parts))
+            if isinstance(data, str):
+                from tgl_dist.data import load_dataset
+                g = load_dataset(data, root=root, format=format, **(dataset_kwargs or {}))
+            else:
+                g = data
+            check_splits(g, data if isinstance(data, str) else g.name)
+            folder = Path(parts) / g.name
+            part = folder / f"{algo}_{world_size}"
+            if repartition or not written_from(part, g.fingerprint()):
+                if part.is_dir() and not repartition:
+                    log.warning("%s was written from other data than %s; partitioning again",
+                                part, getattr(g, "name", data))
+                log.info("partitioning %s into %d parts with %s", g.name, world_size, algo)
+                partition_graph(g, world_size, algo, parts, force=True)
+        except (TGLDistError, ValueError, OSError) as e:   # OSError: parts not writable
+            err = f"{type(e).__name__}: {e}" if not isinstance(e, RunSetupError) else str(e)
+    if world_size > 1:
+        folder, err = broadcast_object((folder, err))
+    if err:
+        raise RunSetupError(err)
+    return Path(folder)
+
+
+def split_batch(batch_size: int, world_size: int, reorder: int = 0) -> Tuple[int, Optional[int]]:
+    """``(per_rank, chunk)``: the loader's per-rank ``batch_size`` for a GLOBAL batch of
+    ``batch_size`` events per step over ``world_size`` ranks, and the chunk size of TGL's
+    random chunk scheduling (``batch_size / reorder``; ``None`` when ``reorder`` is 0).
+
+    Raises :class:`RunSetupError` unless ``world_size`` divides ``batch_size`` (each
+    step's window is the per-rank batch x ranks: a smaller window would change what the
+    run learns) and ``reorder`` divides it.
+
+    >>> split_batch(600, 2, reorder=4)
+    (300, 150)
+    """
+    if batch_size % world_size:
+        raise RunSetupError(f"the batch size {batch_size} (events per step over all ranks) must "
+                            f"be a multiple of the {world_size} processes (each step's window is "
+                            f"the batch size per process x processes; a smaller window would "
+                            f"change what the run learns)")
+    chunk = None
+    if reorder:  # TGL's random chunk scheduling: windows shift by chunks of B / reorder
+        if batch_size % reorder:
+            raise RunSetupError(f"train.reorder {reorder} must divide the batch size {batch_size}")
+        chunk = batch_size // reorder
+    return batch_size // world_size, chunk

@@ -1,0 +1,396 @@
+"""``Trainer``: link-prediction training of a CTDG model over epochs, with evaluation, early stopping, checkpoints and hooks.
+
+The counterpart of :class:`tgl_dist.dtdg.Trainer`. Each epoch: the memory is reset, the
+model trains over the training split (one optimizer step per global window of
+``batch_size`` events, split over the ranks), then validation continues the memory from
+training and test from validation; AP / AUC / MRR are computed over each WHOLE split
+gathered from all ranks. The reported test figures are those of the epoch with the best
+validation AP (early stopping on it). Examples: ``examples/ctdg/train_tgn.py`` (the
+built-in models), ``examples/ctdg/custom_model.py`` (a model of one's own); guide:
+``docs/training.md``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from tgl_dist.checkpoint import RunCheckpoint, capture, config_dict, partition_identity, restore
+from tgl_dist.ctdg.builder import build_model
+from tgl_dist.ctdg.config import ModelConfig
+from tgl_dist.ctdg.run import RunSetupError, ensure_partition, split_batch
+from tgl_dist.ctdg.training import run_epoch
+from tgl_dist.dist import all_gather_v, broadcast_parameters, new_group, world
+from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
+from tgl_dist.loader import DistributedDataLoader
+from tgl_dist.memory import SharedMailBox
+from tgl_dist.metrics import EarlyStopMonitor, LinkPredMetrics
+from tgl_dist.optim import build_optimizer
+from tgl_dist.partition import partition_load
+from tgl_dist.sampling import NegativeSampling, NeighborSampler
+
+log = logging.getLogger(__name__)
+
+StepHook = Callable[["Trainer", int, int], None]            # (trainer, epoch, steps done)
+EpochHook = Callable[["Trainer", int, Dict[str, Any]], None]  # (trainer, epoch, record)
+EvalHook = Callable[["Trainer", int, str], None]             # (trainer, epoch, split)
+CSV_FIELDS = ["epoch", "train_loss", "train_ap", "train_events_per_s", "val_ap", "val_auc",
+              "val_mrr", "test_ap", "test_auc", "test_mrr", "val_ap_batch_mean",
+              "test_ap_batch_mean", "epoch_s"]
+
+
+def _median(xs: List[float]) -> float:
+    """The upper median (NaN for no values)."""
+    return sorted(xs)[len(xs) // 2] if xs else float("nan")
+
+
+def summary_json(summary: Mapping[str, Any]) -> str:
+    """One line of strict JSON: floats rounded to 5 digits, NaN as ``null``."""
+    return json.dumps({k: (None if isinstance(v, float) and v != v else
+                           round(v, 5) if isinstance(v, float) else v)
+                       for k, v in summary.items()})
+
+
+class _Scores:
+    """Fans each batch's scores out to the split's :class:`LinkPredMetrics` and custom metrics."""
+
+    def __init__(self, main: LinkPredMetrics, extra: Mapping[str, Any]) -> None:
+        self.main, self.extra = main, extra
+
+    def update(self, pos, neg, neg_k=None) -> None:
+        self.main.update(pos, neg, neg_k)
+        for m in self.extra.values():
+            m.update(pos, neg, neg_k)
+
+
+class Trainer:
+    """Train a temporal link predictor on a dataset partitioned over the ranks.
+
+    Args:
+        config: a TGL-style :class:`ModelConfig` (:func:`load_config`); ``train`` sets
+            epochs, lr, patience, ``reorder`` and the batch size (``batch_size``: events per
+            step over ALL ranks; ``local_batch_size``: per rank, as TGL's dist configs);
+            ``sampling`` the neighbour sampler (``no_sample``: roots only); ``memory`` the
+            :class:`SharedMailBox` (``type: node``).
+        data: dataset name or file (:func:`tgl_dist.data.load_dataset`) or a
+            :class:`~tgl_dist.data.TemporalGraph` (default the built-in ``'synthetic'``).
+        parts: partition root; ``<parts>/<name>/<partition_algo>_<P>`` is written on first
+            use (rank 0; see :func:`tgl_dist.ctdg.run.ensure_partition`).
+        model: ``None`` (build the config's model), an ``nn.Module``, or a factory
+            ``model(trainer) -> nn.Module`` called once the graph and mailbox exist (it
+            reads ``trainer.graph.node_feat_dim``, ``trainer.mailbox.dim_mail``...). The
+            model takes ``(mfgs, metadata)`` and returns :class:`LinkPredOutput`
+            ``(pos [B], neg [k*B])`` logits with ``.memory [R, d_m]`` (or ``None``) and
+            ``.embedding``; a model with a ``write_back(mailbox, roots, mfgs, metadata, out)``
+            method writes its own memory and mails (Mailbox API), else
+            ``mailbox.update(out.memory, ...)`` does (see :func:`run_epoch`).
+        context: the :class:`DistributedContext` (device and process-group timeout);
+            default: the world as it is, on the CPU.
+        metrics: custom evaluation metrics ``{name: factory}``; ``factory()`` gives an
+            object with ``update(pos [B], neg [B], neg_k [B, k] or None)`` (every eval
+            batch) and ``compute(group) -> float`` (collective, whole split); recorded as
+            ``val_<name>`` / ``test_<name>`` (history, CSV, summary).
+        on_step: hooks (a list, or one callable) ``hook(trainer, epoch, steps_done)`` on
+            every rank after each training step (optimizer step and write-back done).
+        on_evaluate: hooks ``hook(trainer, epoch, split)`` on every rank when the
+            evaluation of ``'val'`` or ``'test'`` starts.
+        on_epoch_end: hooks ``hook(trainer, epoch, record)`` on every rank after each
+            epoch's bookkeeping (record: the CSV row, which a hook may extend).
+        checkpoint_dir, checkpoint_every, checkpoint_keep_every, resume: versioned
+            checkpoints (``'500'`` steps or ``'1e'`` epochs; one after the last epoch); a
+            resumed run ends exactly as one that never stopped.
+        metrics_csv: per-epoch CSV (default ``<parts>/<name>/metrics_<model>_<P>.csv``).
+        progress: tqdm bars on rank 0. eval_neg: negatives per positive for MRR.
+        seed: parameters, negatives, chunk offsets. sampling_mode: ``'full'`` or
+            ``'partitioned'``. queue_size: steps sampled ahead (default 0 on <= 2 cores).
+        partition_algo, repartition, root, format, dataset_kwargs: how ``data`` is read
+            and partitioned (``dataset_kwargs`` e.g. ``{'num_nodes': 60}`` for synthetic).
+
+    ``fit()`` returns the summary (the keys ``train_tgn.py`` prints). Every rank must
+    build the trainer and call ``fit()`` (collectives).
+    """
+
+    def __init__(self, config: ModelConfig, data: Union[str, Any] = "synthetic", *,
+                 parts: Union[str, Path] = "parts",
+                 model: Union[None, nn.Module, Callable[["Trainer"], nn.Module]] = None,
+                 context: Any = None, metrics: Optional[Mapping[str, Callable[[], Any]]] = None,
+                 on_step: Optional[List[StepHook]] = None,
+                 on_evaluate: Optional[List[EvalHook]] = None,
+                 on_epoch_end: Optional[List[EpochHook]] = None,
+                 checkpoint_dir: Optional[str] = None, checkpoint_every: Any = "1e",
+                 checkpoint_keep_every: int = 0, resume: bool = False,
+                 metrics_csv: Optional[str] = None, progress: bool = True, eval_neg: int = 9,
+                 seed: int = 0, sampling_mode: str = "full", queue_size: Optional[int] = None,
+                 partition_algo: str = "metis_for_tgnn", repartition: bool = False,
+                 root: Optional[str] = None, format: Optional[str] = None,
+                 dataset_kwargs: Optional[Dict[str, Any]] = None) -> None:
+        self.config, self.context = config, context
+        self.extra_metrics = dict(metrics or {})
+        taken = sorted(set(self.extra_metrics) & {"ap", "auc", "mrr", "ap_batch_mean"})
+        if taken:
+            raise ValueError(f"metrics: {taken} would replace the built-in val_/test_ figures "
+                             f"of that name; choose other names")
+        self.step_hooks: List[StepHook] = _hook_list(on_step, "on_step")
+        self.eval_hooks: List[EvalHook] = _hook_list(on_evaluate, "on_evaluate")
+        self.hooks: List[EpochHook] = _hook_list(on_epoch_end, "on_epoch_end")
+        self.rank, self.world_size = world()
+        self.device = torch.device(context.device) if context is not None else torch.device("cpu")
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        tr = config.train
+        self.batch_size = tr.global_batch_size(self.world_size)   # events per step, all ranks
+        if tr.local_batch_size is not None:
+            log.info("train.local_batch_size %d per rank: %d events per step over %d ranks",
+                     tr.local_batch_size, self.batch_size, self.world_size)
+        self.per_rank_batch, chunk = split_batch(self.batch_size, self.world_size, tr.reorder)
+        self.folder = ensure_partition(data, parts, partition_algo, self.world_size, self.rank,
+                                       repartition, root, format, dataset_kwargs)
+        self.pdata = partition_load(self.folder, partition_algo)
+        self.graph = DistributedGraphStore(self.pdata)
+        smp = config.sampling
+        self.sampler = None
+        if not smp.no_sample:
+            tcsr = TemporalNeighborSampleGraph(self.pdata, mode=sampling_mode)
+            self.sampler = NeighborSampler(self.graph.num_nodes, smp.layer, list(smp.neighbor),
+                                           tcsr, policy=smp.strategy, seed=seed,
+                                           graph_name=self.folder.name)
+        self.mailbox = None
+        if config.has_memory:
+            self.mailbox = SharedMailBox(int(self.pdata.ids.numel()), config.memory,
+                                         self.graph.edge_feat_dim, partition_book=self.pdata.book,
+                                         device=self.device)
+        cores = max(1, (os.cpu_count() or 1) // self.world_size)
+        qs = queue_size if queue_size is not None else (0 if cores <= 2 else 4)
+        negs = {"train": NegativeSampling("triplet", "random", 1, seed=seed)}
+        negs["val"] = negs["test"] = NegativeSampling("triplet", "random", eval_neg, seed=seed)
+        self.loaders = {
+            s: DistributedDataLoader(self.graph, s, sampler=self.sampler, neg_sampler=negs[s],
+                                     batch_size=self.per_rank_batch, train=s == "train",
+                                     mailbox=self.mailbox,
+                                     chunk_size=chunk if s == "train" else None, seed=seed,
+                                     queue_size=qs, device=self.device,
+                                     group=context.new_group() if context is not None
+                                     else new_group())   # with the context's timeout
+            for s in ("train", "val", "test")}
+        if model is None:
+            model = build_model(config, self.graph.node_feat_dim, self.graph.edge_feat_dim,
+                                num_nodes=self.graph.num_nodes, partition_book=self.pdata.book)
+        elif not isinstance(model, nn.Module):
+            model = model(self)
+        self.model = model.to(self.device)
+        broadcast_parameters(self.model)
+        self.optimizer = build_optimizer(self.model, lr=tr.lr)
+        self.stopper = EarlyStopMonitor(patience=tr.patience)
+        self.progress = progress and self.rank == 0
+        self.eval_neg, self.partition_algo = eval_neg, partition_algo
+        self.checkpoint = RunCheckpoint(
+            checkpoint_dir, checkpoint_every, keep_every=checkpoint_keep_every, resume=resume,
+            run_meta={"partition": partition_identity(self.pdata.manifest),
+                      "config": config_dict(config, drop=[("train", "epoch")]),
+                      "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode})
+        self.csv_path = Path(metrics_csv or self.folder /
+                             f"metrics_{config.name}_{self.world_size}.csv")
+        # the loop's state (what a checkpoint holds besides the modules and the mailbox)
+        self.history: List[Dict[str, Any]] = []
+        self.best: Optional[Dict[str, Any]] = None
+        self.speeds: List[float] = []
+        self.cpu_speeds: List[float] = []
+        self.epoch, self.global_step, self.stopped = 0, 0, False
+        self._start_step, self._partial = 0, None
+        saved = self.checkpoint.load() if self.checkpoint.enabled else None
+        if saved is not None:
+            self.load_checkpoint_state(*saved)
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_state(self, step: int = 0, acc: Optional[Dict] = None,
+                         metrics: Optional[LinkPredMetrics] = None) -> tuple:
+        """``(dense, shard, meta)`` of the run now: model, optimizer, this rank's
+        mailbox shard, RNG states, the loop's bookkeeping and (mid-epoch, ``step`` > 0)
+        the epoch's accumulators ``acc`` and training ``metrics``; ``meta`` is
+        ``{'epoch', 'step', 'global_step', 'done'}`` (where :meth:`fit` continues)."""
+        loop = {"history": self.history, "best": self.best, "stopper": self.stopper.state_dict(),
+                "speeds": self.speeds, "cpu_speeds": self.cpu_speeds}
+        part = None if acc is None else {"acc": dict(acc), "metrics": metrics.state_dict()}
+        dense, shard = capture(self.model, self.optimizer, self.mailbox, self.rank, loop, part)
+        return dense, shard, {"epoch": self.epoch, "step": step,
+                              "global_step": self.global_step, "done": self.stopped}
+
+    def load_checkpoint_state(self, dense: Dict, shard: Dict, meta: Dict) -> None:
+        """Restore :meth:`checkpoint_state` (RNG states last); :meth:`fit` then continues."""
+        loop, self._partial = restore(dense, shard, self.model, self.optimizer, self.mailbox)
+        self.history, self.best = loop["history"], loop["best"]
+        self.speeds, self.cpu_speeds = loop["speeds"], loop["cpu_speeds"]
+        self.stopper.load_state_dict(loop["stopper"])
+        self.epoch, self._start_step = int(meta["epoch"]), int(meta["step"])
+        self.global_step, self.stopped = int(meta["global_step"]), bool(meta["done"])
+
+    def _save(self, step: int = 0, acc=None, metrics=None) -> None:
+        self.checkpoint.save(*self.checkpoint_state(step, acc, metrics))
+
+    # ------------------------------------------------------------ one split
+    def run_split(self, epoch: int, split: str) -> Dict[str, Any]:
+        """Train (``'train'``) or evaluate ``split`` of ``epoch``; its fields of the record."""
+        ck, train = self.checkpoint, split == "train"
+        m = LinkPredMetrics()
+        extra = {} if train else {k: f() for k, f in self.extra_metrics.items()}
+        first, acc0 = 0, None
+        if train and self._partial is not None:   # the resumed partial epoch's accumulators
+            first, acc0 = self._start_step, self._partial["acc"]
+            m.load_state_dict(self._partial["metrics"])
+        if not train:
+            for hook in self.eval_hooks:
+                hook(self, epoch, split)
+        loader = self.loaders[split]
+        loader.set_epoch(epoch, first)
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(loader), initial=first, desc=f"epoch {epoch} {split}",
+                       leave=False, file=sys.stderr)
+        ck.at(epoch, split, first)
+
+        def on_step(acc: Dict[str, float]) -> None:
+            ck.at(epoch, split, acc["steps"])
+            if train:
+                self.global_step += 1
+                if ck.step_due(self.global_step):
+                    self._save(acc["steps"], acc, m)
+                for hook in self.step_hooks:
+                    hook(self, epoch, acc["steps"])
+        res = run_epoch(self.model, loader, self.mailbox, self.optimizer if train else None,
+                        _Scores(m, extra), progress=bar, on_step=on_step, resume=acc0)
+        if bar is not None:
+            bar.close()
+        r = m.compute()
+        if train:
+            # a resumed partial epoch's speed counts events from before the resume
+            eps = float("nan") if acc0 is not None else res["events_per_s"]
+            if acc0 is None:
+                self.speeds.append(res["events_per_s"])
+                self.cpu_speeds.append(res["events_per_cpu_s"])
+            return {"train_loss": res["loss"], "train_ap": r["ap"], "train_events_per_s": eps}
+        out = {f"{split}_ap": r["ap"], f"{split}_auc": r["auc"],
+               f"{split}_mrr": r.get("mrr", float("nan")),
+               f"{split}_ap_batch_mean": res["ap_batch_mean"]}
+        out.update({f"{split}_{k}": float(v.compute(None)) for k, v in extra.items()})
+        return out
+
+    # ------------------------------------------------------------ the loop
+    def fit(self) -> Dict[str, Any]:
+        """Run the epochs left (``train.epoch`` in all) and return the summary."""
+        fields = CSV_FIELDS + [f"{s}_{k}" for k in self.extra_metrics for s in ("val", "test")]
+        fh = writer = None
+        if self.rank == 0:
+            try:
+                self.csv_path.parent.mkdir(parents=True, exist_ok=True)
+                fh = open(self.csv_path, "w", newline="")
+            except OSError as e:
+                raise RunSetupError(f"--metrics-csv {self.csv_path}: cannot be written "
+                                    f"({e.strerror or e})") from None
+            writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+            writer.writeheader()
+            for row in self.history:   # a resumed run rewrites the epochs it restored
+                writer.writerow(_csv_row(row))
+            fh.flush()
+        try:
+            with self.checkpoint.guard():  # a dead peer: PeerFailureError naming the position
+                self._epochs(writer, fh)
+        finally:
+            if fh is not None:
+                fh.close()
+        # not on an error: a background producer may be in a collective with a dead peer
+        self.close()
+        return self.summary()
+
+    def _epochs(self, writer, fh) -> None:
+        last = self.config.train.epoch - 1
+        for epoch in range(self.epoch, self.config.train.epoch):
+            if self.stopped:
+                break
+            self.epoch, t_ep = epoch, time.perf_counter()
+            if self.mailbox is not None and self._partial is None:
+                self.mailbox.reset()   # memory starts from zero; val continues train, test val
+            row: Dict[str, Any] = {"epoch": epoch}
+            for split in ("train", "val", "test"):
+                row.update(self.run_split(epoch, split))
+                self._partial = None
+            row["epoch_s"] = time.perf_counter() - t_ep
+            self.history.append(row)
+            if self.best is None or row["val_ap"] > self.best["val_ap"]:
+                self.best = dict(row)
+            self.stopped = self.stopper.step(row["val_ap"])
+            for hook in self.hooks:
+                hook(self, epoch, row)
+            if writer is not None:
+                writer.writerow(_csv_row(row))
+                fh.flush()
+                log.info("epoch %d: loss %.4f  train AP %.4f  val AP %.4f  test AP %.4f  "
+                         "(%.0f events/s)", epoch, row["train_loss"], row["train_ap"],
+                         row["val_ap"], row["test_ap"], row["train_events_per_s"])
+            self.epoch = epoch + 1
+            if self.checkpoint.epoch_due(epoch, last=self.stopped or epoch == last):
+                self._save()
+            if self.stopped:
+                log.info("early stop after epoch %d (best %d)", epoch, self.best["epoch"])
+
+    def summary(self) -> Dict[str, Any]:
+        """The run's summary (collective): the best epoch's validation and test figures,
+        median training speed, peak memory per rank, the run's settings."""
+        best = self.best
+        if best is None:
+            raise RunSetupError("no epoch to report (--epochs 0, or a finished checkpoint "
+                                "with no history)")
+        rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0],
+                           dtype=torch.float64)
+        rss_all = all_gather_v(rss)
+        out = {"model": self.config.name, "data": self.folder.name,
+               "world_size": self.world_size, "epochs": len(self.history),
+               "best_epoch": best["epoch"], "val_ap": best["val_ap"], "val_auc": best["val_auc"],
+               "test_ap": best["test_ap"], "test_auc": best["test_auc"],
+               "test_mrr": best["test_mrr"], "test_ap_batch_mean": best["test_ap_batch_mean"],
+               "train_events_per_s": _median(self.speeds),
+               "train_events_per_cpu_s": _median(self.cpu_speeds),
+               "peak_rss_mib": float(rss_all.max()),
+               "peak_rss_mib_per_rank": [round(float(x), 1) for x in rss_all],
+               "device": str(self.device),
+               "backend": getattr(self.context, "backend", None),
+               "batch_size": self.batch_size, "partition_algo": self.partition_algo,
+               "metrics_csv": str(self.csv_path),
+               "checkpoint_version": self.checkpoint.last_version}
+        out.update({f"{s}_{k}": best.get(f"{s}_{k}") for k in self.extra_metrics
+                    for s in ("val", "test")})
+        if self.device.type == "cuda":
+            gpu = torch.tensor([torch.cuda.max_memory_allocated(self.device) / 2**20],
+                               dtype=torch.float64)
+            out["peak_gpu_mib_per_rank"] = [round(float(x), 1) for x in all_gather_v(gpu)]
+        return out
+
+    def close(self) -> None:
+        """Stop the loaders' background threads (``fit`` calls it at the end)."""
+        for ld in self.loaders.values():
+            ld.close()
+
+
+def _hook_list(hooks: Any, name: str) -> List[Callable]:
+    """A list of hooks from ``None``, one callable or a sequence of them."""
+    hooks = [] if hooks is None else [hooks] if callable(hooks) else list(hooks)
+    bad = [h for h in hooks if not callable(h)]
+    if bad:
+        raise TypeError(f"{name}: expected callables, got {bad!r:.80}")
+    return hooks
+
+
+def _csv_row(row: Mapping[str, Any]) -> Dict[str, Any]:
+    return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}
