@@ -9,7 +9,7 @@ time encoding of width ``--dim``, 2 heads, dropout 0.1, training mode.
 For both layer forms (``TemporalAttention``: TGL's; ``TGNAttention``: DyGLib's / the TGN
 code's) it times, interleaved so machine noise hits both alike:
 
-- ``kernel``: the compiled segment kernel (``tgl_dist/nn/_attention.c``),
+- ``kernel``: the compiled segment kernel (``tgl_dist/kernels/attention.c``),
 - ``padded``: the torch form padded to the largest in-degree,
 - ``per_edge``: the direct per-edge key/value form (``--per-edge``; slowest).
 

@@ -5,7 +5,7 @@ into ``--dim`` cosines and draws dropout masks of the attention output (600 x 10
 Times, interleaved so machine noise hits both alike (median over ``--iters``):
 
 - time encoding forward and forward + backward: ``TimeEncode``'s kernel
-  (``tgl_dist/nn/_pointwise.c``) vs torch's ``cos(Linear(dt))``, for time gaps in
+  (``tgl_dist/kernels/pointwise.c``) vs torch's ``cos(Linear(dt))``, for time gaps in
   seconds of a month-long stream (``--scale``, the arguments torch's ``cos`` is slow
   on) and for unit-scale gaps;
 - ``F.dropout`` vs :func:`tgl_dist.nn._pointwise.dropout` on a ``[600, 100]`` tensor;

@@ -1,4 +1,4 @@
-"""The compiled write-back of a world of one (tgl_dist/memory/_writeback.c) writes the same
+"""The compiled write-back of a world of one (tgl_dist/kernels/writeback.c) writes the same
 bits as SharedMailBox's torch operators, and refuses bad rows before writing anything."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""The compiled segment-attention kernel (tgl_dist/nn/_attention.c) against torch references:
+"""The compiled segment-attention kernel (tgl_dist/kernels/attention.c) against torch references:
 the kernel's own contract in float64, and the attention layers' three paths (kernel,
 padded, per-edge keys) on the same blocks, values and gradients."""
 import os
@@ -387,12 +387,12 @@ def test_whole_layer_calls_find_torchs_blas():
     """The compiled whole-layer calls run their products through the sgemm_ torch's own
     matrix products call; where libtorch_cpu exports it (the PyPI wheels) they are on."""
     from tgl_dist.nn._pointwise import KERNEL as POINTWISE
-    from tgl_dist.sampling._ckernel import torch_sgemm
+    from tgl_dist.kernels import torch_sgemm
     if torch_sgemm() is None:
         pytest.skip("this torch build exports no sgemm_: the layer runs its torch form")
-    assert LIB.layer_ready and LIB.tgl_att_gemm_check() == 1
+    assert LIB.blas and LIB.tgl_att_gemm_check() == 1
     pw = POINTWISE.get()
-    assert pw is None or (pw.cell_ready and pw.tgl_pw_gemm_check() == 1)   # the GRU cell too
+    assert pw is None or (pw.blas and pw.tgl_pw_gemm_check() == 1)   # the GRU cell too
 
 
 @needs_kernel
@@ -418,7 +418,7 @@ def test_whole_layer_call_equals_the_layer_in_torch_ops(monkeypatch, dim_edge, n
     params = [p for p in layer.parameters() if p.requires_grad]
     res = []
     for whole in (True, False):
-        monkeypatch.setattr(LIB, "layer_ready", whole)
+        monkeypatch.setattr(LIB, "blas", whole)
         torch.manual_seed(11)
         out = layer(b, h, rows)
         assert type(out.grad_fn).__name__ == "AttentionLayerBackward"
@@ -433,9 +433,9 @@ def test_whole_layer_call_equals_the_layer_in_torch_ops(monkeypatch, dim_edge, n
 
 
 def test_build_cache_keys_on_the_local_headers_a_source_includes(tmp_path):
-    """The model kernels share nn/_blas.h: a cached library is rebuilt when a header it
+    """The model kernels share kernels/blas.h: a cached library is rebuilt when a header it
     includes changes, not only when its own source does."""
-    from tgl_dist.sampling._ckernel import MODEL_FLAGS, build, require_compiler
+    from tgl_dist.kernels.build import MODEL_FLAGS, build, require_compiler
     try:
         cc = require_compiler()
     except Exception as e:   # noqa: BLE001 - a clone without a compiler
@@ -474,7 +474,7 @@ def test_whole_layer_call_at_step_size_on_two_threads_equals_the_torch_form(monk
     try:
         res = []
         for whole in (True, False):
-            monkeypatch.setattr(LIB, "layer_ready", whole)
+            monkeypatch.setattr(LIB, "blas", whole)
             torch.manual_seed(3)
             out = layer(b, h, rows)
             res.append((out, torch.autograd.grad((out ** 3).sum(), [h] + params)))

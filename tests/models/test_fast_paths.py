@@ -130,7 +130,7 @@ def test_unique_first_kernel_equals_torch_sort(case):
     """The sampling kernel's radix-sort ``unique_first`` (CPU int64) returns exactly what the
     stable torch sort returns: first positions in key order and the inverse map."""
     from tgl_dist.nn.unique import _unique_first_torch, unique_first
-    from tgl_dist.sampling._ckernel import SAMPLER
+    from tgl_dist.kernels import SAMPLER
     if SAMPLER.get() is None:
         pytest.skip("no C compiler: unique_first uses the torch sort only")
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""The compiled pointwise kernels (tgl_dist/nn/_pointwise.c): the cosine time encoding
+"""The compiled pointwise kernels (tgl_dist/kernels/pointwise.c): the cosine time encoding
 against a float64 reference and torch's own formula, and the dropout masks."""
 import ctypes
 import os
@@ -196,7 +196,7 @@ def test_kernels_share_torch_openmp_runtime():
     kernel binds torch's libgomp even when another copy is loaded (scikit-learn bundles
     its own), on Linux with GCC (what CI runs)."""
     import sklearn.metrics  # noqa: F401  (maps scikit-learn's libgomp copy)
-    from tgl_dist.sampling._ckernel import shares_torch_openmp
+    from tgl_dist.kernels import shares_torch_openmp
     if LIB is None or not LIB.openmp or not sys.platform.startswith("linux"):
         pytest.skip("no kernel, a compiler without OpenMP, or not Linux")
     assert shares_torch_openmp(LIB)
@@ -315,7 +315,7 @@ def test_gru_cell_equals_torch_gru_cell(monkeypatch, grads, own_state, whole):
     each input that asks for one (and none for the others). ``own_state``: the input is
     ``[h || x0 || x1]`` (the products of h merged; h's gradient through both places), one
     compiled call each way (``whole``) or its products as torch operators."""
-    monkeypatch.setattr(LIB, "cell_ready", whole and LIB.cell_ready)
+    monkeypatch.setattr(LIB, "blas", whole and LIB.blas)
     g = torch.Generator().manual_seed(4)
     U, F0, F1, H = 300, 20, 7, 16
     cell = torch.nn.GRUCell(F0 + F1 + (H if own_state else 0), H).double()
@@ -347,7 +347,7 @@ def test_whole_gru_cell_at_step_size_on_two_threads(monkeypatch):
     """At a TGN step's size (800 rows, memory 100, mail 200, time 100) the compiled calls
     split their row copies and bias sums over two threads: still torch.nn.GRUCell's
     values and gradients."""
-    if not LIB.cell_ready:
+    if not LIB.blas:
         pytest.skip("this torch build exports no sgemm_: the cell runs its torch form")
     g = torch.Generator().manual_seed(8)
     U, F0, F1, H = 800, 100, 100, 100
@@ -388,7 +388,7 @@ def test_gru_cell_without_kernel_is_torch_gru_cell(own_state):
 def test_whole_gru_cell_reads_a_strided_mail(monkeypatch):
     """TGN's updater passes ``x0 = mail[:, H:]`` (rows wider than the slice): the compiled
     cell reads it in place and matches the cell's torch form, values and gradients."""
-    if not LIB.cell_ready:
+    if not LIB.blas:
         pytest.skip("torch exports no sgemm_: the cell runs its torch form only")
     g = torch.Generator().manual_seed(6)
     U, H, F0, F1 = 50, 8, 8, 5
@@ -398,7 +398,7 @@ def test_whole_gru_cell_reads_a_strided_mail(monkeypatch):
     cell = torch.nn.GRUCell(H + F0 + F1, H)
     res = []
     for whole in (True, False):
-        monkeypatch.setattr(LIB, "cell_ready", whole)
+        monkeypatch.setattr(LIB, "blas", whole)
         ps = [p.detach().clone().requires_grad_() for p in cell.parameters()]
         out = gru_cell(mail[:, H:], x1, h, *ps, own_state=True)
         res.append((out, torch.autograd.grad(out.square().sum(), [x1] + ps)))

@@ -1,8 +1,8 @@
 """The compiled segment-attention kernel (``_attention.c``) and its autograd function.
 
-Built and cached like the sampling kernel (:mod:`tgl_dist.sampling._ckernel`: plain C,
-the system compiler, about a second on first use), with OpenMP: destinations are split
-over torch's own worker threads (:func:`tgl_dist.sampling._ckernel.load_openmp`). :func:`get_attention_kernel`
+Built and cached like every kernel (:data:`tgl_dist.kernels.ATTENTION`: plain C, the
+system compiler, about a second on first use), with OpenMP: destinations are split over
+torch's own worker threads (:func:`tgl_dist.kernels.runtime.openmp_threads`). :func:`get_attention_kernel`
 returns ``None`` when it cannot be built; the attention layers then use their torch
 formulations, which compute the same values (``tests/models/test_attention_kernel.py``
 compares all three), and ONE warning per process says why.
@@ -23,60 +23,20 @@ with ``w = softmax_e(act(qx . X + qb)) * mask`` per destination and head.
 """
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
-from typing import Optional, Tuple
-
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import (LazyKernel, data_ptr as _ptr, load_openmp,
-                                       open_library, set_blas)
+from tgl_dist.kernels import ATTENTION as KERNEL
+from tgl_dist.kernels import data_ptr as _ptr
 
-SOURCE = Path(__file__).with_name("_attention.c")
-ABI = 11
 MAX_HEADS = 16  # HMAX in _attention.c
-_P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-
-
-def _load(path: Path) -> ctypes.CDLL:
-    return open_library(path, "attention kernel", "tgl_att_abi", ABI, {
-        "tgl_att_fwd": (None, [_I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _F,
-                               _P, _P, _P, _P, _INT]),
-        "tgl_att_bwd": (None, [_I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, _F,
-                               _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P,
-                               _P, _INT]),
-        "tgl_att_csr": (_INT, [_I64, _I64, _P, _P]),
-        "tgl_att_index_add": (_INT, [_I64, _I64, _P, _P, _I64, _P, _I64]),
-        "tgl_att_set_sgemm": (_INT, [_P]),
-        "tgl_att_gemm_check": (_INT, []),
-        "tgl_att_layer_fwd": (_INT, [_I64] * 8 + [_P] * 4 + [_I64] + [_P] * 4 + [_F]
-                              + [_P] * 9 + [_F] + [_P] * 16 + [_INT]),
-        "tgl_att_layer_bwd": (_INT, [_I64] * 8 + [_P] * 4 + [_I64] + [_P] * 4 + [_F]
-                              + [_P] * 40 + [_I64] + [_P] * 4 + [_INT]),
-        "tgl_score_fwd": (_INT, [_I64] * 5 + [_P] * 15 + [_INT]),
-        "tgl_score_bwd": (_INT, [_I64] * 4 + [_P] * 19 + [_INT])})
-
-
-def _make() -> ctypes.CDLL:
-    lib = load_openmp(SOURCE, _load, ("-lm",))
-    # the whole-layer calls run their products through torch's own BLAS (see set_blas);
-    # without it the layer runs its torch form around the kernel
-    lib.layer_ready = set_blas(lib, "tgl_att_set_sgemm", "tgl_att_gemm_check")
-    return lib
-
-
-KERNEL = LazyKernel("attention kernel", _make,
-                    "the attention layers use their torch formulation (same values, slower)")
-
-
-def load_attention_kernel() -> ctypes.CDLL:
-    """The process's kernel (:meth:`tgl_dist.sampling._ckernel.LazyKernel.load`)."""
+def load_attention_kernel():
+    """The process's kernel (:meth:`tgl_dist.kernels.Library.load`)."""
     return KERNEL.load()
 
 
-def get_attention_kernel() -> Optional[ctypes.CDLL]:
-    """The kernel, or ``None`` with one warning per process (``LazyKernel.get``)."""
+def get_attention_kernel():
+    """The kernel, or ``None`` with one warning per process (``Library.get``)."""
     return KERNEL.get()
 
 

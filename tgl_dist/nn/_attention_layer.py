@@ -24,7 +24,7 @@ from torch import Tensor
 
 from tgl_dist.nn._attention_kernel import index_add_rows, segment_backward, segment_forward
 from tgl_dist.nn._pointwise import time_encoding_forward
-from tgl_dist.sampling._ckernel import data_ptr as _ptr
+from tgl_dist.kernels import data_ptr as _ptr
 
 
 def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
@@ -220,8 +220,8 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
 
 def _whole_layer(att, *tensors: Optional[Tensor]) -> bool:
     """Whether the compiled whole-layer calls apply: the kernel found torch's BLAS
-    (``layer_ready``) and every tensor is a contiguous float32 CPU one (or ``None``)."""
-    return bool(getattr(att, "layer_ready", False)) and all(
+    (``blas``) and every tensor is a contiguous float32 CPU one (or ``None``)."""
+    return bool(getattr(att, "blas", False)) and all(
         t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
         for t in tensors)
 

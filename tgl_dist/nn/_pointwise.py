@@ -1,6 +1,6 @@
-"""Compiled pointwise kernels (``_pointwise.c``): the cosine time encoding, dropout, GRU gates.
+"""Compiled pointwise kernels (``tgl_dist/kernels/pointwise.c``): the cosine time encoding, dropout, GRU gates.
 
-Built and cached like the other kernels (:mod:`tgl_dist.sampling._ckernel`: plain C, the
+Built and cached like the other kernels (:data:`tgl_dist.kernels.POINTWISE`: plain C, the
 system compiler, about a second on first use), with OpenMP: large inputs are split in
 fixed blocks of rows over torch's own worker threads (results do not depend on their
 number). Every function here falls back to torch
@@ -21,50 +21,14 @@ only where asked): 0-0.5 ms of a ~19 ms step in the same kind of comparison.
 """
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import (LazyKernel, data_ptr as _ptr, load_openmp,
-                                       open_library, set_blas)
-
-SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 12
-_P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
-                           ctypes.c_int)
-
-
-def _load(path: Path) -> ctypes.CDLL:
-    return open_library(path, "pointwise kernel", "tgl_pw_abi", ABI, {
-        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _INT]),
-        "tgl_time_enc_bwd_scratch": (_I64, [_I64, _I64]),
-        "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _INT]),
-        "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT]),
-        "tgl_gru_fwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _INT]),
-        "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _P, _P, _INT]),
-        "tgl_pw_set_sgemm": (_INT, [_P]),
-        "tgl_rows_equal": (_INT, [_I64, _I64, _P, _I64, _P, _I64]),
-        "tgl_pw_gemm_check": (_INT, []),
-        "tgl_gru_cell_fwd": (_INT, [_I64] * 4 + [_P, _I64] + [_P] * 11 + [_INT]),
-        "tgl_gru_cell_bwd": (_INT, [_I64] * 4 + [_P] * 15 + [_INT]),
-        "tgl_gru_time_cell_fwd": (_INT, [_I64] * 4 + [_P, _I64] + [_P] * 14 + [_INT]),
-        "tgl_gru_time_cell_bwd": (_INT, [_I64] * 4 + [_P] * 21 + [_INT])})
-
-
-def _make() -> ctypes.CDLL:
-    lib = load_openmp(SOURCE, _load)
-    # TGN's GRU cell as one call each way, its products through torch's own BLAS
-    # (set_blas); without it the cell runs its products as torch operators
-    lib.cell_ready = set_blas(lib, "tgl_pw_set_sgemm", "tgl_pw_gemm_check")
-    return lib
-
-
-KERNEL = LazyKernel("pointwise kernel", _make,
-                    "time encodings and dropout use torch (same values, slower)")
+from tgl_dist.kernels import POINTWISE as KERNEL
+from tgl_dist.kernels import data_ptr as _ptr
 
 
 def _cpu_f32(*ts: Tensor) -> bool:
@@ -254,7 +218,7 @@ class GRUCell(torch.autograd.Function):
         x, h, gh, saved, w_ih, w_hh = ctx.saved_tensors
         need = ctx.needs_input_grad
         f0, H = ctx.f0, h.size(1)
-        if ctx.own and getattr(ctx.lib, "cell_ready", False):
+        if ctx.own and getattr(ctx.lib, "blas", False):
             return _whole_cell_backward(ctx, g)
         if ctx.own:   # gh: the [U, 4H] products of h; w_hh: their weight [4H, H]
             g_all, _, g_h = _gates_backward(ctx.lib, g, gh[:, 3 * H:], h, saved, need[2], True)
@@ -293,9 +257,9 @@ class GRUCell(torch.autograd.Function):
 
 def _whole_cell(lib, x0: Tensor, x1: Tensor, h: Tensor, *params: Tensor) -> bool:
     """Whether :class:`GRUCell`'s own-state forward runs as one compiled call
-    (``tgl_gru_cell_fwd``): torch's BLAS found (``cell_ready``), rows of ``x0`` contiguous
+    (``tgl_gru_cell_fwd``): torch's BLAS found (``blas``), rows of ``x0`` contiguous
     in memory, the rest contiguous (all float32 on the CPU: :func:`gru_cell` checks)."""
-    return (bool(getattr(lib, "cell_ready", False)) and x0.stride(1) == 1
+    return (bool(getattr(lib, "blas", False)) and x0.stride(1) == 1
             and (x0.size(0) < 2 or x0.stride(0) >= x0.size(1)) and x1.is_contiguous()
             and h.is_contiguous() and all(p.is_contiguous() for p in params))
 

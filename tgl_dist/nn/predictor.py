@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from tgl_dist.nn._attention_kernel import get_attention_kernel, index_add_rows
-from tgl_dist.sampling._ckernel import data_ptr
+from tgl_dist.kernels import data_ptr
 
 
 class EdgePredictor(nn.Module):
@@ -91,7 +91,7 @@ def _whole_scores(emb: Tensor, src: Tensor, dst: Tensor, *params: Tensor):
             and dst.device.type == "cpu"):
         return None
     lib = get_attention_kernel()
-    return lib if lib is not None and getattr(lib, "layer_ready", False) else None
+    return lib if lib is not None and getattr(lib, "blas", False) else None
 
 
 class ScoreRows(torch.autograd.Function):

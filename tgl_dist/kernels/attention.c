@@ -1,6 +1,6 @@
 /* Fused segment attention of tgl_dist's temporal attention layers: plain C99 (+ OpenMP).
  *
- * Built on first use by tgl_dist/nn/_attention_kernel.py (same compiler, flags and cache as
+ * Built on first use by tgl_dist/kernels (same compiler, flags and cache as
  * the sampling kernel) and called through ctypes on tensors' data pointers.
  *
  * The layers re-associate their key/value products (docs/models.md, "Attention without
@@ -27,8 +27,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "abi.h"
 
-#include "_blas.h"
+#include "blas.h"
 
 #define MAX_THREADS 64
 
@@ -42,7 +43,6 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 11; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -345,7 +345,7 @@ static void run(job_t *base, int threads, void (*fn)(const job_t *)) {
   }
   /* with OpenMP (tgl_dist builds with -fopenmp when the compiler has it) the ranges run on
    * the process's OpenMP workers, torch's own when the runtime is shared (see
-   * openmp_threads in tgl_dist/sampling/_ckernel.py); without it, one after the other */
+   * openmp_threads in tgl_dist/kernels/runtime.py); without it, one after the other */
   int t;
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (t = 0; t < threads; ++t) fn(&jobs[t]);
@@ -448,7 +448,7 @@ static void fill_rows(float *out, int64_t n, int64_t w, int64_t ld, const float 
   for (int64_t i = 0; i < n; ++i) memcpy(out + i * ld, v, (size_t)w * sizeof(float));
 }
 
-/* workers for a row loop over n elements (workers in _blas.h, no cap by blocks) */
+/* workers for a row loop over n elements (workers in blas.h, no cap by blocks) */
 static int row_workers(int threads, int64_t n) { return workers(threads, n, threads); }
 
 static inline float sum_f(const float *a, int64_t n) {   /* fixed order, as dot() */
