@@ -413,17 +413,6 @@ int tgl_att_csr(int64_t M, int64_t D, const int64_t *dst, int64_t *ptr) {
   return 0;
 }
 
-/* out[idx[i], :] += src[i, :] for i = 0 .. n-1 in order (src rows ld floats apart, out
- * rows d floats apart, `rows` of them): torch's index_add_ on CPU, serially. Returns 0, or
- * -1 when an index is outside 0 .. rows-1 (checked before anything is written). */
-int tgl_att_index_add(int64_t n, int64_t d, const int64_t *idx, const float *src, int64_t ld,
-                      float *out, int64_t rows) {
-  for (int64_t i = 0; i < n; ++i)
-    if (idx[i] < 0 || idx[i] >= rows) return -1;
-  for (int64_t i = 0; i < n; ++i) axpy(out + idx[i] * d, 1.f, src + i * ld, d);
-  return 0;
-}
-
 /* ------------------------------------------------------------------------------------
  * The whole temporal attention layer (tgl_dist.nn._attention_layer.AttentionLayer) in one
  * call each way: the products through the BLAS torch itself calls (its sgemm_, set once
