@@ -16,7 +16,7 @@ from tgl_dist.nn.attention import csr_offsets
 from tgl_dist.sampling.block import Block
 
 LIB = get_attention_kernel()
-needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the attention kernel "
+needs_kernel = pytest.mark.skipif(LIB is None, reason="TGL_DIST_NO_KERNEL=1 or no C compiler: the attention kernel "
                                   "cannot be built (the layers run their torch reference)")
 
 

@@ -129,7 +129,7 @@ def test_unique_first_kernel_equals_torch_sort(case):
     from tgl_dist.nn.unique import _unique_first_torch, unique_first
     from tgl_dist.kernels import SAMPLER
     if SAMPLER.get() is None:
-        pytest.skip("no C compiler: unique_first uses the torch sort only")
+        pytest.skip("TGL_DIST_NO_KERNEL=1 or no C compiler: unique_first uses the torch sort only")
     g = torch.Generator().manual_seed(0)
     keys = {"ids": torch.cat([torch.randint(0, 9227, (600,), generator=g),
                               torch.randint(8227, 9227, (6000,), generator=g)]),

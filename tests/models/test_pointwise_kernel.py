@@ -14,7 +14,7 @@ from tgl_dist.nn._pointwise import (KERNEL, CosineTimeEncoding, Dropout, cosine_
                                     dropout_mask, gru_cell)
 
 LIB = KERNEL.get()
-needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the pointwise kernel "
+needs_kernel = pytest.mark.skipif(LIB is None, reason="TGL_DIST_NO_KERNEL=1 or no C compiler: the pointwise kernel "
                                   "cannot be built (time encodings and dropout use torch)")
 
 
@@ -198,7 +198,7 @@ def test_kernels_share_torch_openmp_runtime():
     import sklearn.metrics  # noqa: F401  (maps scikit-learn's libgomp copy)
     from tgl_dist.kernels import shares_torch_openmp
     if LIB is None or not LIB.openmp or not sys.platform.startswith("linux"):
-        pytest.skip("no kernel, a compiler without OpenMP, or not Linux")
+        pytest.skip("no kernel (TGL_DIST_NO_KERNEL=1 or no compiler), a compiler without OpenMP, or not Linux")
     assert shares_torch_openmp(LIB)
     assert LIB.threads() == torch.get_num_threads()
     assert not shares_torch_openmp(ctypes.CDLL("libc.so.6"))   # a library without OpenMP
