@@ -34,11 +34,6 @@ from tgl_dist.kernels import data_ptr as _ptr
 MAX_HEADS = 16  # HMAX in kernels/attention.c
 
 
-def load_attention_kernel():
-    """The process's kernel (:meth:`tgl_dist.kernels.Library.load`)."""
-    return KERNEL.load()
-
-
 def get_attention_kernel():
     """The kernel, or ``None`` with one warning per process (``Library.get``)."""
     return KERNEL.get()
