@@ -5,13 +5,15 @@ into ``--dim`` cosines and draws dropout masks of the attention output (600 x 10
 Times, interleaved so machine noise hits both alike (median over ``--iters``):
 
 - time encoding forward and forward + backward: ``TimeEncode``'s kernel
-  (``tgl_dist/nn/_pointwise.c``) vs torch's ``cos(Linear(dt))``, for time gaps in
+  (``tgl_dist/kernels/pointwise.c``) vs torch's ``cos(Linear(dt))``, for time gaps in
   seconds of a month-long stream (``--scale``, the arguments torch's ``cos`` is slow
   on) and for unit-scale gaps;
 - ``F.dropout`` vs :func:`tgl_dist.nn._pointwise.dropout` on a ``[600, 100]`` tensor;
-- the GRU cell's gates on ``--gru-rows`` distinct nodes (about 800 a step) of ``--dim``
-  hidden units: :class:`tgl_dist.nn._pointwise.GRUGates` vs torch's ops (forward, and
-  forward + backward).
+- TGN's memory update on ``--gru-rows`` distinct nodes (about 800 a step) of ``--dim``
+  hidden units, mails ``[memory || 100 more]`` and a ``--dim`` time encoding:
+  :class:`tgl_dist.nn._pointwise.GRUTimeCell` (one compiled call each way) vs its torch
+  reference (the encoding, then :func:`tgl_dist.nn._pointwise.gru_cell`), forward and
+  forward + backward.
 
 Run: ``python benchmarks/pointwise.py [--rows 4500] [--dim 100] [--iters 100]
 [--gru-rows 800] [--threads 2]``. The last line is one JSON object (microseconds).
@@ -27,7 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tgl_dist.nn._pointwise import KERNEL, CosineTimeEncoding, GRUGates, _gates_torch, dropout
+from tgl_dist.nn import TimeEncode
+from tgl_dist.nn._pointwise import (KERNEL, CosineTimeEncoding, GRUTimeCell, dropout, gru_cell,
+                                    whole_time_cell)
 
 
 def timed(fns: dict, iters: int) -> dict:
@@ -89,15 +93,22 @@ def main() -> None:
     print(f"dropout [600, 100]: {t['kernel']:.0f} us (torch {t['torch']:.0f})", flush=True)
     res["dropout_torch_us"], res["dropout_kernel_us"] = round(t["torch"], 1), round(t["kernel"], 1)
     U, H = args.gru_rows, args.dim
-    gi = torch.randn(U, 3 * H, generator=g, requires_grad=True)
-    gh = torch.randn(U, 3 * H, generator=g, requires_grad=True)
-    h = torch.randn(U, H, generator=g)
+    cell, enc = torch.nn.GRUCell(2 * H + H, H), TimeEncode(H)
+    params = list(cell.parameters())
+    x0, h = torch.randn(U, H, generator=g), torch.randn(U, H, generator=g)
+    dt = torch.rand(U, generator=g) * args.scale
     gout = torch.randn(U, H, generator=g)
+    te = (enc.w.weight, enc.w.bias)
+    if whole_time_cell(x0, dt, h, *params, *te) is None:
+        raise SystemExit("the compiled GRU cell needs torch's sgemm_ (this torch exports none)")
 
     def gates(kernel: bool, backward: bool):
         def run():
             with torch.set_grad_enabled(backward):
-                out = GRUGates.apply(gi, gh, h, lib) if kernel else _gates_torch(gi, gh, h)
+                if kernel:
+                    out = GRUTimeCell.apply(x0, dt, h, *params, *te, lib)
+                else:
+                    out = gru_cell(x0, enc(dt), h, *params, own_state=True)
                 if backward:
                     out.backward(gout)
         return run
@@ -105,11 +116,11 @@ def main() -> None:
     t = timed({"torch_fwd": gates(False, False), "kernel_fwd": gates(True, False),
                "torch_fwd_bwd": gates(False, True), "kernel_fwd_bwd": gates(True, True)},
               args.iters)
-    print(f"GRU gates [{U}, {H}]: forward {t['kernel_fwd']:.0f} us (torch {t['torch_fwd']:.0f}), "
+    print(f"GRU time cell [{U}, {H}]: forward {t['kernel_fwd']:.0f} us (torch {t['torch_fwd']:.0f}), "
           f"forward+backward {t['kernel_fwd_bwd']:.0f} us (torch {t['torch_fwd_bwd']:.0f})",
           flush=True)
     for k, v in t.items():
-        res[f"gru_gates_{k}_us"] = round(v, 1)
+        res[f"gru_time_cell_{k}_us"] = round(v, 1)
     print(json.dumps(res))
 
 

@@ -96,13 +96,13 @@ def best(fn, repeat):
 
 def kernel_build_seconds():
     """Seconds to compile the sampling kernel from scratch (into a temporary folder)."""
-    from tgl_dist.sampling import _ckernel
-    cc = _ckernel.compiler()
+    from tgl_dist.kernels import SAMPLER, compiler
+    cc = compiler()
     if cc is None:
         return None
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        _ckernel.load(_ckernel.build(cc, Path(d)))
+        SAMPLER.open(*SAMPLER.build(cc, Path(d)))
         return time.perf_counter() - t0
 
 

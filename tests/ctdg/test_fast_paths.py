@@ -1,5 +1,5 @@
-"""The re-associated (padded) attention and the per-node memory ('time_delta: mail') give
-the results of their direct formulations."""
+"""The attention layers' dispatched forward and the per-node memory ('time_delta: mail')
+give the results of their direct formulations."""
 import pytest
 import torch
 
@@ -7,7 +7,6 @@ from blocks_util import make_batch
 from tgl_dist.memory import SharedMailBox
 from tgl_dist.ctdg import ConfigError, build_model, parse_config
 from tgl_dist.nn import TemporalAttention, TGNAttention
-from tgl_dist.nn.attention import padded_layout
 
 CFG = {
     "sampling": {"layer": 1, "neighbor": [4], "strategy": "recent"},
@@ -20,12 +19,11 @@ CFG = {
 
 @pytest.mark.parametrize("cls", [TemporalAttention, TGNAttention])
 @pytest.mark.parametrize("dim_edge", [0, 3])
-def test_padded_attention_equals_per_edge_keys(cls, dim_edge):
+def test_attention_forward_equals_its_per_edge_reference(cls, dim_edge):
     torch.manual_seed(0)
     layer = cls(8, dim_edge, 4, 8, num_head=2).eval()
     _, mfgs, _ = make_batch(6, 30, [4], dim_edge=dim_edge, seed=1)
     b = mfgs[0]
-    assert padded_layout(b) is not None  # destination-sorted edges, some destinations empty
     assert int(torch.bincount(b.edge_index[1], minlength=b.num_dst).min()) == 0
     h = torch.randn(b.num_src, 8, requires_grad=True)
     rows = None
@@ -34,9 +32,8 @@ def test_padded_attention_equals_per_edge_keys(cls, dim_edge):
             rows = torch.randint(0, 5, (b.num_src,))
             h = torch.randn(5, 8, requires_grad=True)
         res = []
-        for padded in (True, False):
-            layer.padded = padded
-            out = layer(b, h, rows)
+        for fn in (layer, layer.reference):   # compiled on CPU float32 (when built), torch
+            out = fn(b, h, rows)
             grads = torch.autograd.grad((out ** 2).sum(), [h] + list(layer.parameters()))
             res.append((out, grads))
         (o1, g1), (o2, g2) = res
@@ -130,9 +127,9 @@ def test_unique_first_kernel_equals_torch_sort(case):
     """The sampling kernel's radix-sort ``unique_first`` (CPU int64) returns exactly what the
     stable torch sort returns: first positions in key order and the inverse map."""
     from tgl_dist.nn.unique import _unique_first_torch, unique_first
-    from tgl_dist.sampling._ckernel import SAMPLER
+    from tgl_dist.kernels import SAMPLER
     if SAMPLER.get() is None:
-        pytest.skip("no C compiler: unique_first uses the torch sort only")
+        pytest.skip("TGL_DIST_NO_KERNEL=1 or no C compiler: unique_first uses the torch sort only")
     g = torch.Generator().manual_seed(0)
     keys = {"ids": torch.cat([torch.randint(0, 9227, (600,), generator=g),
                               torch.randint(8227, 9227, (6000,), generator=g)]),

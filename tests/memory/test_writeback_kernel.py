@@ -1,4 +1,4 @@
-"""The compiled write-back of a world of one (tgl_dist/memory/_writeback.c) writes the same
+"""The compiled write-back of a world of one (tgl_dist/kernels/writeback.c) writes the same
 bits as SharedMailBox's torch operators, and refuses bad rows before writing anything."""
 import pytest
 import torch
@@ -7,7 +7,7 @@ from tgl_dist.memory import SharedMailBox, _writeback
 from tgl_dist.sampling.block import Roots
 
 LIB = _writeback.KERNEL.get()
-needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the write-back kernel "
+needs_kernel = pytest.mark.skipif(LIB is None, reason="TGL_DIST_NO_KERNEL=1 or no C compiler: the write-back kernel "
                                   "cannot be built (the mailbox uses its torch path)")
 N, D_MEM = 15, 6
 STATE = ("memory", "memory_ts", "mailbox", "mail_ts", "next_mail_pos")

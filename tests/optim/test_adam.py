@@ -10,7 +10,7 @@ from tgl_dist.optim import Adam
 from tgl_dist.optim.adam import KERNEL
 
 LIB = KERNEL.get()
-needs_kernel = pytest.mark.skipif(LIB is None, reason="no C compiler: the Adam kernel cannot "
+needs_kernel = pytest.mark.skipif(LIB is None, reason="TGL_DIST_NO_KERNEL=1 or no C compiler: the Adam kernel cannot "
                                   "be built (tgl_dist.optim.Adam steps with torch's kernel)")
 # torch's x86-64 kernels are reproduced operation by operation; elsewhere within rounding
 EXACT = platform.machine().lower() in ("x86_64", "amd64")

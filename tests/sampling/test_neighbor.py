@@ -57,6 +57,8 @@ def test_recent_exact_hand_built_with_ties_and_self_loop():
 @pytest.mark.parametrize("scale", [1.0, 0.5])   # integer times, then fractional ones
 def test_same_time_events_are_excluded_on_both_backends(backend, scale):
     # node 0's events at 1, 3, 5 (x scale); queries exactly at and between event times
+    if backend == "compiled":
+        _needs_kernel()
     ev = _graph([0, 0, 4, 0], [1, 2, 0, 3], [1 * scale, 3 * scale, 3 * scale, 5 * scale])
     g = TemporalNeighborSampleGraph(ev, "full")
     s = NeighborSampler(g.num_nodes, 1, 10, g, policy="recent", backend=backend)
@@ -236,7 +238,7 @@ def _same_blocks(a, b):
 def _needs_kernel():
     from tgl_dist.sampling._ckernel import get_kernel
     if get_kernel() is None:
-        pytest.skip("no working C compiler: the compiled kernel cannot be built here")
+        pytest.skip("TGL_DIST_NO_KERNEL=1 or no working C compiler: the compiled kernel is off")
 
 
 def test_default_backend_is_the_compiled_kernel(wiki):
@@ -290,35 +292,36 @@ def test_compiled_kernel_partitioned_mode_world_of_one(wiki):
 def test_kernel_build_cache_and_failures(tmp_path):
     """Builds once per (source, compiler): a cached build is reused, an edited source rebuilds,
     and a failing compiler is a clear error."""
-    from tgl_dist.sampling import _ckernel as ck
-    cc = ck.compiler()
+    from tgl_dist.kernels import SAMPLER, build as kb, source_hash
+    cc = kb.compiler()
     if cc is None:
         pytest.skip("no C compiler")
-    p1 = ck.build(cc, tmp_path)
+    p1, _ = SAMPLER.build(cc, tmp_path)
     mtime = p1.stat().st_mtime_ns
-    assert ck.build(cc, tmp_path) == p1 and p1.stat().st_mtime_ns == mtime
+    assert SAMPLER.build(cc, tmp_path)[0] == p1 and p1.stat().st_mtime_ns == mtime
     src = tmp_path / "edited.c"
-    src.write_text(ck.SOURCE.read_text() + "\n/* edited */\n")
-    assert ck.build(cc, tmp_path, src) != p1
-    assert ck.load(p1).tgl_abi() == ck.ABI
+    src.write_text(SAMPLER.source.read_text() + "\n/* edited */\n")
+    (tmp_path / "abi.h").write_text((SAMPLER.source.parent / "abi.h").read_text())
+    assert kb.build(cc, tmp_path, src, kb.FLAGS) != p1
+    assert SAMPLER.open(p1).tgl_abi_hash() == source_hash(SAMPLER.source)
     bad = tmp_path / "bad.c"
     bad.write_text("int f(void) { return }\n")
     with pytest.raises(RuntimeError, match="failed"):
-        ck.build(cc, tmp_path, bad)
+        kb.build(cc, tmp_path, bad)
     assert not list(tmp_path.glob("*.tmp.so"))
 
 
 def test_no_compiler_falls_back_to_torch_with_one_warning(monkeypatch, tmp_path, caplog):
-    from tgl_dist.sampling import _ckernel as ck
-    monkeypatch.setattr(ck.SAMPLER, "value", None)
-    monkeypatch.setattr(ck.SAMPLER, "error", None)
-    monkeypatch.setattr(ck.SAMPLER, "warned", False)
+    from tgl_dist.kernels import SAMPLER
+    monkeypatch.setattr(SAMPLER, "value", None)
+    monkeypatch.setattr(SAMPLER, "error", None)
+    monkeypatch.setattr(SAMPLER, "warned", False)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("TGL_DIST_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("TGL_DIST_NO_KERNEL", raising=False)
     ev = _graph([0, 1, 0], [1, 2, 2], [1, 2, 3])
     g = TemporalNeighborSampleGraph(ev, "full")
-    with caplog.at_level("WARNING", logger="tgl_dist.sampling._ckernel"):
+    with caplog.at_level("WARNING", logger="tgl_dist.kernels"):
         s1 = NeighborSampler(g.num_nodes, 1, 2, g)
         s2 = NeighborSampler(g.num_nodes, 1, 2, g, policy="uniform")
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]

@@ -36,7 +36,7 @@ from torch import Tensor
 from tgl_dist.dist import all_gather_v, new_group, world
 from tgl_dist.graph.store import DistributedGraphStore, EventSet
 from tgl_dist.loader.schedule import GlobalSchedule, Window
-from tgl_dist.sampling._ckernel import serial_openmp_thread
+from tgl_dist.kernels import serial_openmp_thread
 from tgl_dist.sampling.block import Block, Roots
 from tgl_dist.sampling.hashing import hash_keys
 from tgl_dist.sampling.negative import BoundNegatives, NegativeSampling, Stream

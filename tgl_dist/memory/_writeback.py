@@ -1,43 +1,21 @@
-"""The compiled write-back of a world of one (``_writeback.c``): one call per step.
+"""The compiled write-back of a world of one (``tgl_dist/kernels/writeback.c``): one call per step.
 
 :meth:`tgl_dist.memory.SharedMailBox.update` with mails to the endpoints, the latest kept
 (TGN, JODIE, DyRep), written with torch's operators takes ~25 calls (two stable sorts to
 find each node's latest occurrence, gathers, a concatenation, indexed writes): ~0.4-0.8 ms
 of a ~10-20 ms TGN step, almost all of it per-call cost. :func:`update_last` does the same
 in one serial pass and writes the same values, bit for bit. Built and cached like the
-other kernels (:mod:`tgl_dist.sampling._ckernel`); without a compiler, or with
+other kernels (:data:`tgl_dist.kernels.WRITEBACK`); without a compiler, or with
 ``TGL_DIST_NO_KERNEL=1``, the mailbox keeps its torch path.
 """
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import FLAGS, LazyKernel, build_cached, open_library, \
-    require_compiler
-
-SOURCE = Path(__file__).with_name("_writeback.c")
-ABI = 1
-_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-
-
-def _load(path: Path) -> ctypes.CDLL:
-    return open_library(path, "write-back kernel", "tgl_wb_abi", ABI, {
-        "tgl_wb_update_last": (_I64, [_I64, _P, _P, _P, _P, _P, _I64, _I64, _P, _I64, _I64,
-                                      _P, _I64, _I64, _I64, _I64, _I64, _INT, _P, _P, _P, _P,
-                                      _P])})
-
-
-def _make() -> ctypes.CDLL:
-    return _load(build_cached(require_compiler(), SOURCE, FLAGS))
-
-
-KERNEL = LazyKernel("write-back kernel", _make,
-                    "the mailbox writes each step's updates with torch's operators (same values)")
+from tgl_dist.kernels import WRITEBACK as KERNEL  # noqa: F401 - the mailbox reads it here
 
 
 def usable(mailbox, *tensors: Optional[Tensor]) -> bool:
@@ -56,7 +34,7 @@ def _rows(x: Tensor) -> Tensor:
 
 def update_last(lib, mailbox, local: Tensor, own: Tensor, other: Tensor, t: Tensor,
                 s: Tensor, o: Tensor, feats: Optional[Tensor]) -> None:
-    """Write one step's updates into ``mailbox`` (see ``_writeback.c``).
+    """Write one step's updates into ``mailbox`` (see ``tgl_dist/kernels/writeback.c``).
 
     Args:
         local: ``[2B]`` local rows of the occurrences' nodes (u_1, v_1, u_2, v_2, ...).

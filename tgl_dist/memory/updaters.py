@@ -149,10 +149,10 @@ class GRUMemoryUpdater(_CellUpdater):
                 if lib is not None:   # the encoding inside the cell's compiled calls
                     return GRUTimeCell.apply(mail[:, H:], dt, mem, *params, te.weight,
                                              te.bias, lib)
+            # elsewhere (GPU, other dtypes, no kernel): the torch reference of the same cell;
+            # TGN's mails start with the receiver's own memory, which it reads from h
             phi = self.time_enc(dt)
             if own:
-                # TGN's mails start with the receiver's own memory, written with it: the
-                # cell reads that part from h, with fewer products (GRUCell, own_state)
                 return gru_cell(mail[:, H:], phi, mem, *params, own_state=True)
             return gru_cell(mail, phi, mem, *params)
         node, inv, h = self._node_part(srcdata)    # gathered once per occurrence
@@ -166,8 +166,8 @@ class GRUMemoryUpdater(_CellUpdater):
     def _node_terms(self, mem: Tensor, mail: Tensor) -> Tensor:
         """``[U, 4H]``: ``[gi_rz + gh_rz | gi_n | gh_n]`` without the time part. When the
         mails start with the memory (TGN's), the products of ``mem`` are one product
-        with the r and z weights summed (as :class:`tgl_dist.nn._pointwise.GRUCell`'s
-        ``own_state``)."""
+        with the r and z weights summed (as :class:`tgl_dist.nn._pointwise.GRUTimeCell`
+        does)."""
         H, dm = self.dim_memory, self.dim_mail
         w_mail = self.weight_ih[:, :dm]
         if _starts_with(mail, mem):

@@ -1,14 +1,14 @@
 """The compiled segment-attention kernel (``_attention.c``) and its autograd function.
 
-Built and cached like the sampling kernel (:mod:`tgl_dist.sampling._ckernel`: plain C,
-the system compiler, about a second on first use), with OpenMP: destinations are split
-over torch's own worker threads (:func:`tgl_dist.sampling._ckernel.load_openmp`). :func:`get_attention_kernel`
-returns ``None`` when it cannot be built; the attention layers then use their torch
-formulations, which compute the same values (``tests/ctdg/test_attention_kernel.py``
-compares all three), and ONE warning per process says why.
-``TGL_DIST_NO_KERNEL=1`` selects the torch paths without a warning.
+Built and cached like every kernel (:data:`tgl_dist.kernels.ATTENTION`: plain C, the
+system compiler, about a second on first use), with OpenMP: destinations are split over
+torch's own worker threads (:func:`tgl_dist.kernels.runtime.openmp_threads`). :func:`get_attention_kernel`
+returns ``None`` when it cannot be built; the attention layers then run their torch
+reference (``reference()``, per edge), which computes the same values
+(``tests/ctdg/test_attention_kernel.py`` compares them), and ONE warning per process
+says why. ``TGL_DIST_NO_KERNEL=1`` selects the torch reference without a warning.
 
-:class:`SegmentAttention` is what the layers call. Shapes (D destinations, M edges in
+:class:`SegmentAttention` is what :class:`tgl_dist.nn.TGNAttention` calls on CPU float32. Shapes (D destinations, M edges in
 destination order, H heads, Cx the width of an edge's input row)::
 
     qx   [D, H, Cx]  per-head query folded into the key projection (W_k,h^T q_h)
@@ -23,66 +23,20 @@ with ``w = softmax_e(act(qx . X + qb)) * mask`` per destination and head.
 """
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import (LazyKernel, data_ptr as _ptr, load_openmp,
-                                       open_library, set_blas)
+from tgl_dist.kernels import ATTENTION as KERNEL
+from tgl_dist.kernels import data_ptr as _ptr
 
-SOURCE = Path(__file__).with_name("_attention.c")
-ABI = 11
-MAX_HEADS = 16  # HMAX in _attention.c
-_P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+MAX_HEADS = 16  # HMAX in kernels/attention.c
 
 
-def _load(path: Path) -> ctypes.CDLL:
-    return open_library(path, "attention kernel", "tgl_att_abi", ABI, {
-        "tgl_att_fwd": (None, [_I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _P, _INT, _F,
-                               _P, _P, _P, _P, _INT]),
-        "tgl_att_bwd": (None, [_I64, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT, _F,
-                               _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P,
-                               _P, _INT]),
-        "tgl_att_csr": (_INT, [_I64, _I64, _P, _P]),
-        "tgl_att_index_add": (_INT, [_I64, _I64, _P, _P, _I64, _P, _I64]),
-        "tgl_att_set_sgemm": (_INT, [_P]),
-        "tgl_att_gemm_check": (_INT, []),
-        "tgl_att_layer_fwd": (_INT, [_I64] * 8 + [_P] * 4 + [_I64] + [_P] * 4 + [_F]
-                              + [_P] * 9 + [_F] + [_P] * 16 + [_INT]),
-        "tgl_att_layer_bwd": (_INT, [_I64] * 8 + [_P] * 4 + [_I64] + [_P] * 4 + [_F]
-                              + [_P] * 40 + [_I64] + [_P] * 4 + [_INT]),
-        "tgl_score_fwd": (_INT, [_I64] * 5 + [_P] * 15 + [_INT]),
-        "tgl_score_bwd": (_INT, [_I64] * 4 + [_P] * 19 + [_INT])})
-
-
-def _make() -> ctypes.CDLL:
-    lib = load_openmp(SOURCE, _load, ("-lm",))
-    # the whole-layer calls run their products through torch's own BLAS (see set_blas);
-    # without it the layer runs its torch form around the kernel
-    lib.layer_ready = set_blas(lib, "tgl_att_set_sgemm", "tgl_att_gemm_check")
-    return lib
-
-
-KERNEL = LazyKernel("attention kernel", _make,
-                    "the attention layers use their torch formulation (same values, slower)")
-
-
-def load_attention_kernel() -> ctypes.CDLL:
-    """The process's kernel (:meth:`tgl_dist.sampling._ckernel.LazyKernel.load`)."""
-    return KERNEL.load()
-
-
-def get_attention_kernel() -> Optional[ctypes.CDLL]:
-    """The kernel, or ``None`` with one warning per process (``LazyKernel.get``)."""
+def get_attention_kernel():
+    """The kernel, or ``None`` with one warning per process (``Library.get``)."""
     return KERNEL.get()
-
-
-def kernel_usable(*tensors: Optional[Tensor]) -> bool:
-    """Whether the kernel applies: float32 tensors on the CPU."""
-    return all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors)
 
 
 def csr_from_dst(dst: Tensor, num_dst: int) -> Optional[Tensor]:
@@ -106,24 +60,6 @@ def csr_from_dst(dst: Tensor, num_dst: int) -> Optional[Tensor]:
     if rc < 0:
         raise IndexError(f"edge destinations must lie in 0..{num_dst - 1}")
     return ptr if rc == 0 else None
-
-
-def index_add_rows(out: Tensor, idx: Tensor, src: Tensor) -> Tensor:
-    """``out.index_add_(0, idx, src)`` (``out [U, d]``, ``idx [n]`` int64, ``src [n, d]``),
-    summing in row order: a serial loop of the compiled kernel for float32 on the CPU
-    (torch's CPU ``index_add_`` goes through a generic scatter, several times slower on
-    TGN's ``[600, 100]`` rows); torch's ``index_add_`` otherwise. Returns ``out``."""
-    lib = None
-    if (kernel_usable(out, src) and out.dim() == 2 and out.is_contiguous() and src.dim() == 2
-            and src.stride(1) == 1 and idx.dtype == torch.long and idx.device.type == "cpu"):
-        lib = KERNEL.get()
-    if lib is None or idx.numel() != src.size(0) or src.size(1) != out.size(1):
-        return out.index_add_(0, idx, src)
-    idx = idx.contiguous()
-    if lib.tgl_att_index_add(idx.numel(), out.size(1), idx.data_ptr(), src.data_ptr(),
-                             src.stride(0), out.data_ptr(), out.size(0)) < 0:
-        raise IndexError(f"index_add_rows: an index is outside 0..{out.size(0) - 1}")
-    return out
 
 
 class SegmentAttention(torch.autograd.Function):
@@ -182,18 +118,9 @@ def segment_forward(lib, threads: int, qx: Tensor, qb: Optional[Tensor], hs: Opt
 def segment_backward(lib, threads: int, qx: Tensor, has_qb: bool, hs: Optional[Tensor],
                      idx: Optional[Tensor], X: Optional[Tensor], ptr: Tensor,
                      mask: Optional[Tensor], slope: Optional[float], s: Tensor, alpha: Tensor,
-                     g_aggx: Optional[Tensor], g_asum: Optional[Tensor],
-                     time_enc: Optional[Tuple[Tensor, Tensor]] = None):
+                     g_aggx: Optional[Tensor], g_asum: Optional[Tensor]):
     """``(g_qx, g_qb or None, g_hs or None, g_X or None)`` from the forward's inputs and
-    ``s, alpha`` and the outputs' gradients (``None``: zero).
-
-    ``time_enc = (dt [M], sinz [M, td])`` when the last ``td`` columns of ``X`` are a
-    cosine time encoding ``cos(dt w + b)`` (``sinz``: its ``sin(dt w + b)``) and ``X`` is
-    otherwise data: the kernel then folds the encoding's backward into its pass over the
-    edges and returns ``(g_qx, g_qb, g_hs, (g_w [td], g_b [td]))`` instead of ``g_X [M, cx]``
-    (no per-edge gradient rows are written or read again). ``sinz = None``: the encoding
-    wants no gradient, and neither does ``X`` (returns ``None`` in its place).
-    """
+    ``s, alpha`` and the outputs' gradients (``None``: zero)."""
     D, H, Cx = qx.shape
     M = s.size(0)
     dn = 0 if hs is None else hs.size(1)
@@ -202,23 +129,15 @@ def segment_backward(lib, threads: int, qx: Tensor, has_qb: bool, hs: Optional[T
     g_asum = None if g_asum is None else g_asum.contiguous()
     g_qx = torch.empty_like(qx)
     g_qb = torch.empty(D, H) if has_qb else None
-    g_X = None if X is None or time_enc is not None else torch.empty_like(X)
+    g_X = None if X is None else torch.empty_like(X)
     g_xh = torch.empty(M, dn) if dn else None
     g_hs = torch.empty_like(hs) if dn else None
     tmp = torch.empty_like(alpha)
     U = 0 if hs is None else hs.size(0)
-    td, dt, sinz, part, g_tw, g_tb = 0, None, None, None, None, None
-    if time_enc is not None and time_enc[1] is not None:
-        dt, sinz = time_enc[0].contiguous(), time_enc[1].contiguous()
-        td = sinz.size(1)
-        if not 0 < td <= cx or sinz.size(0) != M or dt.numel() != M:
-            raise ValueError(f"time_enc: expected dt [{M}] and sinz [{M}, td] with td <= {cx}")
-        part, g_tw, g_tb = torch.empty(D, 2 * td), torch.empty(td), torch.empty(td)
+    # td = 0: no time encoding folded in (the whole-layer call folds it, in C)
     lib.tgl_att_bwd(D, H, dn, cx, U, ptr.data_ptr(), qx.data_ptr(), _ptr(hs), _ptr(idx), _ptr(X),
                     _ptr(mask), 0 if slope is None else 1, float(slope or 0.0), s.data_ptr(),
                     alpha.data_ptr(), g_aggx.data_ptr(), _ptr(g_asum), g_qx.data_ptr(),
-                    _ptr(g_qb), _ptr(g_X), _ptr(g_xh), _ptr(g_hs), tmp.data_ptr(), td, _ptr(dt),
-                    _ptr(sinz), _ptr(part), _ptr(g_tw), _ptr(g_tb), max(1, int(threads)))
-    if time_enc is not None:
-        return g_qx, g_qb, g_hs, (None if sinz is None else (g_tw, g_tb))
+                    _ptr(g_qb), _ptr(g_X), _ptr(g_xh), _ptr(g_hs), tmp.data_ptr(), 0, None,
+                    None, None, None, None, max(1, int(threads)))
     return g_qx, g_qb, g_hs, g_X

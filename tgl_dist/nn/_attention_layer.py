@@ -5,8 +5,8 @@ nodes (views, transposes, splits, products, the kernel, dropout, LayerNorm), and
 backward runs each one's bookkeeping and small operator calls. :class:`AttentionLayer`
 runs the same forward without recording and writes the backward out: the same
 products, straight into the parameters' gradients. It computes what the differentiable
-form computes (``tests/ctdg/test_attention_kernel.py`` compares it with the padded and
-per-edge torch paths, values and gradients). See the layer's docstring for the math.
+form computes (``tests/ctdg/test_attention_kernel.py`` compares it with the layer's
+per-edge torch reference, values and gradients). See the layer's docstring for the math.
 
 Shapes (D destinations, M edges in destination order, U node rows, H heads, d the
 output size, ``c = d / H``, edge rows ``C = dn + de + dt`` wide)::
@@ -22,9 +22,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.nn._attention_kernel import index_add_rows, segment_backward, segment_forward
 from tgl_dist.nn._pointwise import time_encoding_forward
-from tgl_dist.sampling._ckernel import data_ptr as _ptr
+from tgl_dist.kernels import data_ptr as _ptr
 
 
 def query_terms(q: Tensor, w_k: Tensor, b_k: Optional[Tensor], num_head: int
@@ -57,21 +56,6 @@ def value_terms(agg: Tensor, asum: Tensor, w_v: Tensor, b_v: Optional[Tensor]) -
     return v.transpose(0, 1).reshape(D, H * c)
 
 
-def _query_terms_into(q: Tensor, w_k: Tensor, b_k: Tensor, num_head: int
-                      ) -> Tuple[Tensor, Tensor]:
-    """:func:`query_terms` without autograd: one product per head written straight into
-    the ``[D, H, C]`` layout (``bmm`` gives ``[H, D, C]``, which then needs a transposing
-    copy)."""
-    D, d = q.shape
-    H, C = num_head, w_k.size(1)
-    c = d // H
-    qh, wk = q.view(D, H, c), w_k.view(H, c, C)
-    qk = torch.empty(D, H, C)
-    for j in range(H):
-        torch.mm(qh[:, j], wk[j], out=qk[:, j])
-    return qk, (qh * b_k.view(H, c)).sum(-1)
-
-
 class AttentionLayer(torch.autograd.Function):
     """``apply(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, num_head, kernels, te_w,
     te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps) -> [D, d]``.
@@ -97,74 +81,11 @@ class AttentionLayer(torch.autograd.Function):
                                    ln_b, ln_eps, keep_sin)
         ctx.save_for_backward(*saved)
         ctx.H, ctx.att = num_head, kernels[0]   # the backward needs no pointwise kernel
-        ctx.whole = saved[18].dim() == 1   # the compiled forward's LayerNorm mean is [D]
         return z
 
     @staticmethod
     def backward(ctx, gz: Tensor):
-        if ctx.whole:
-            return _whole_backward(ctx, gz)
-        (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s, alpha,
-         agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w,
-         ln_b) = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        att, H = ctx.att, ctx.H
-        D, d, dn = q.size(0), q.size(1), h.size(1)
-        c, dtd = d // H, te_w.numel()
-        # LayerNorm, ReLU and dropout
-        gr, g_lnw, g_lnb = torch.ops.aten.native_layer_norm_backward(
-            gz.contiguous(), r, [d], mean, rstd, ln_w, ln_b, [True, need[18], need[19]])
-        go = torch.ops.aten.threshold_backward(gr, r, 0.0)
-        if out_mask is not None:
-            go = go * out_mask
-        # o = W_o [v || h_dst] + b_o
-        g_wo = go.t().mm(vh)
-        g_bo = go.sum(0)
-        g_vh = go.mm(w_o)                                                      # [D, d + dn]
-        gv, g_hdst = g_vh[:, :d], g_vh[:, d:]
-        h_dst = vh[:, d:]
-        # v_j = W_v,j agg_j + b_v,j asum_j
-        # (every product per head j, batched over the heads: [H, ...] views)
-        w_k, w_v = w_kv.view(2, H, c, -1).unbind(0)                           # [H, c, C]
-        b_k, b_v = b_kv.view(2, H, c).unbind(0)
-        g_wkv, g_bkv = torch.empty_like(w_kv), torch.empty_like(b_kv)
-        g_agg = torch.empty_like(agg)
-        gvh = gv.view(D, H, c)
-        torch.bmm(gvh.permute(1, 2, 0), agg.transpose(0, 1), out=g_wkv[d:].view(H, c, -1))
-        for j in range(H):   # per head, straight into g_agg's [D, H, C] layout (no copy)
-            torch.mm(gv[:, j * c:(j + 1) * c], w_v[j], out=g_agg[:, j])
-        torch.bmm(asum.t().unsqueeze(1), gvh.transpose(0, 1), out=g_bkv[d:].view(H, 1, c))
-        g_asum = (gvh * b_v).sum(2)
-        # (the time encoding's backward runs inside the kernel's pass over the edges)
-        g_qk, g_qb, g_h, g_te = segment_backward(att, att.threads(), qk, True, h, idx, x, ptr,
-                                                 att_mask, 0.2, s, alpha, g_agg, g_asum,
-                                                 time_enc=(dt, sinz))
-        # qk_j = W_k,j^T q_j, qb_j = q_j . b_k,j
-        g_q = torch.empty(D, d)
-        qh = q.view(D, H, c)
-        for j in range(H):
-            torch.mm(g_qk[:, j], w_k[j].t(), out=g_q[:, j * c:(j + 1) * c])
-        g_q.view(D, H, c).addcmul_(g_qb.unsqueeze(2), b_k.unsqueeze(0))
-        torch.bmm(qh.permute(1, 2, 0), g_qk.transpose(0, 1), out=g_wkv[:d].view(H, c, -1))
-        torch.bmm(g_qb.t().unsqueeze(1), qh.transpose(0, 1), out=g_bkv[:d].view(H, 1, c))
-        # q = W_qh h_dst + W_qt cos(b) + b_q
-        w_qh, w_qt = w_q.split([dn, dtd], 1)
-        g_wq = torch.empty_like(w_q)
-        torch.mm(g_q.t(), h_dst, out=g_wq[:, :dn])
-        g_bq = g_q.sum(0)
-        torch.outer(g_bq, c0, out=g_wq[:, dn:])
-        g_hdst.addmm_(g_q, w_qh)
-        index_add_rows(g_h, dst_rows, g_hdst)
-        # time encoding: the edges' rows (from the kernel) and phi(0)
-        g_tew = g_teb = None
-        if g_te is not None:
-            g_tew, g_teb = g_te
-            g_teb.addcmul_(torch.sin(te_b), w_qt.t().mv(g_bq), value=-1.0)
-            g_tew = g_tew.view_as(te_w)
-        return (g_h, None, None, None, None, None, None, None, None, None, g_tew, g_teb,
-                g_wq if need[12] else None, g_bq if need[13] else None,
-                g_wkv if need[14] else None, g_bkv if need[15] else None,
-                g_wo if need[16] else None, g_bo if need[17] else None, g_lnw, g_lnb, None)
+        return _whole_backward(ctx, gz)
 
 
 def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Optional[Tensor],
@@ -176,52 +97,25 @@ def attention_layer(h: Tensor, dst_rows: Tensor, idx: Tensor, dt: Tensor, f: Opt
     directly): ``(out [D, d], what the backward needs)``; ``keep_sin``: keep the time
     encoding's ``sin(z)`` for its gradient."""
     att, pw = kernels
-    H, D, dn = num_head, dst_rows.numel(), h.size(1)
-    d, dtd = w_q.size(0), te_w.numel()
-    h = h.contiguous()
-    if _whole_layer(att, h, dt, f, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, te_w, te_b,
-                    att_mask, out_mask):
-        return _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, H, att, pw,
-                              te_w, te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps,
-                              keep_sin)
-    # [v || h_dst]: the output product's input, one [D, d + dn] matrix
-    vh = torch.empty(D, d + dn)
-    h_dst = vh[:, d:]
-    torch.index_select(h, 0, dst_rows, out=h_dst)
-    # edge rows [f || phi(dt)]; the query's time part is phi(0) = cos(b)
-    x, sinz = time_encoding_forward(pw, dt.contiguous(), te_w.view(-1), te_b, f, keep_sin)
-    c0 = torch.cos(te_b)
-    w_qh, w_qt = w_q.split([dn, dtd], 1)
-    q = torch.addmm(torch.addmv(b_q, w_qt, c0), h_dst, w_qh.t())          # [D, d]
-    # q . k_e = (W_k,j^T q_j) . x_e + q_j . b_k,j per head j (no per-edge keys)
-    w_k, w_v = w_kv.split([d, d], 0)
-    b_k, b_v = b_kv.split([d, d], 0)
-    qk, qb = _query_terms_into(q, w_k, b_k, H)                           # [D, H, C], [D, H]
-    agg, asum, s, alpha = segment_forward(att, att.threads(), qk, qb, h, idx, x, ptr,
-                                          att_mask, 0.2)
-    # sum_e a_e v_e = W_v,j agg_j + b_v,j asum_j per head j
-    c = d // H
-    wv = w_v.view(H, c, -1)
-    for j in range(H):   # per head, straight into vh's columns (no copy)
-        torch.mm(agg[:, j], wv[j].t(), out=vh[:, j * c:(j + 1) * c])
-    vh[:, :d].view(D, H, c).addcmul_(asum.unsqueeze(2), b_v.view(1, H, c))
-    o = torch.addmm(b_o, vh, w_o.t())
-    r = torch.relu(o if out_mask is None else o * out_mask)
-    z, mean, rstd = torch.native_layer_norm(r, [d], ln_w, ln_b, ln_eps)
-    return z, (h, dst_rows, idx, dt, ptr, att_mask, out_mask, vh, x, sinz, c0, q, qk, s,
-               alpha, agg, asum, r, mean, rstd, te_w, te_b, w_q, w_kv, b_kv, w_o, ln_w, ln_b)
+    if not _whole_layer(att, h, dt, f, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, te_w, te_b,
+                        att_mask, out_mask):
+        raise ValueError("attention_layer: the compiled layer needs torch's BLAS and contiguous "
+                         "float32 CPU tensors (TemporalAttention.forward checks)")
+    return _whole_forward(h, dst_rows, idx, dt, f, ptr, att_mask, out_mask, num_head, att, pw,
+                          te_w, te_b, w_q, b_q, w_kv, b_kv, w_o, b_o, ln_w, ln_b, ln_eps,
+                          keep_sin)
 
 
 # ---------------------------------------------------------------------------------------
-# The whole layer in one compiled call each way (tgl_att_layer_fwd / _bwd in _attention.c:
+# The whole layer in one compiled call each way (tgl_att_layer_fwd / _bwd in kernels/attention.c:
 # the same products through torch's own sgemm_, the per-edge passes, and the small row
 # operations as plain loops instead of ~50 torch operators and their Python)
 
 
 def _whole_layer(att, *tensors: Optional[Tensor]) -> bool:
     """Whether the compiled whole-layer calls apply: the kernel found torch's BLAS
-    (``layer_ready``) and every tensor is a contiguous float32 CPU one (or ``None``)."""
-    return bool(getattr(att, "layer_ready", False)) and all(
+    (``blas``) and every tensor is a contiguous float32 CPU one (or ``None``)."""
+    return bool(getattr(att, "blas", False)) and all(
         t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
         for t in tensors)
 

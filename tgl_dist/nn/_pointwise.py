@@ -1,6 +1,6 @@
-"""Compiled pointwise kernels (``_pointwise.c``): the cosine time encoding, dropout, GRU gates.
+"""Compiled pointwise kernels (``tgl_dist/kernels/pointwise.c``): the cosine time encoding, dropout, GRU gates.
 
-Built and cached like the other kernels (:mod:`tgl_dist.sampling._ckernel`: plain C, the
+Built and cached like the other kernels (:data:`tgl_dist.kernels.POINTWISE`: plain C, the
 system compiler, about a second on first use), with OpenMP: large inputs are split in
 fixed blocks of rows over torch's own worker threads (results do not depend on their
 number). Every function here falls back to torch
@@ -11,60 +11,23 @@ not float32 on the CPU, and with ``TGL_DIST_NO_KERNEL=1``.
 Why: in a TGN training step on CPU, ``cos`` of the ``[edges, d_t]`` time encodings, the
 ``sin`` of its backward and torch's ``bernoulli_`` for dropout masks took ~12 % of the
 step (torch's CPU ``cos`` takes a slow path for the large arguments that raw time gaps
-give, and its RNG draws ~5-8 ns an element). The GRU gates (:class:`GRUGates`) replace
-~15 small operators of the cell's arithmetic and their autograd nodes (split, chunk,
-concatenation of gradients) by one pass forward and one backward: 0.5-0.8 ms of a ~19 ms
-step (``benchmarks/step_phases.py``-style comparison in one process). :class:`GRUCell`
-puts TGN's whole memory update (both products and the gates) in one autograd node with a
-written-out backward (one ``dW_ih`` product instead of two joined ones, input gradients
-only where asked): 0-0.5 ms of a ~19 ms step in the same kind of comparison.
+give, and its RNG draws ~5-8 ns an element). :class:`GRUTimeCell` puts TGN's whole
+memory update (time encoding, both products and the gates) in one autograd node with a
+written-out backward, in place of ~15 small operators and their autograd nodes.
+
+Each op has two implementations behind one dispatch function: the compiled one (CPU
+float32, kernel built) and one torch reference.
 """
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import (LazyKernel, data_ptr as _ptr, load_openmp,
-                                       open_library, set_blas)
-
-SOURCE = Path(__file__).with_name("_pointwise.c")
-ABI = 12
-_P, _I64, _F, _U64, _INT = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_uint64,
-                           ctypes.c_int)
-
-
-def _load(path: Path) -> ctypes.CDLL:
-    return open_library(path, "pointwise kernel", "tgl_pw_abi", ABI, {
-        "tgl_time_enc_fwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _INT]),
-        "tgl_time_enc_bwd_scratch": (_I64, [_I64, _I64]),
-        "tgl_time_enc_bwd": (None, [_I64, _I64, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _INT]),
-        "tgl_dropout_mask": (None, [_I64, _F, _F, _U64, _P, _INT]),
-        "tgl_gru_fwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _INT]),
-        "tgl_gru_bwd": (None, [_I64, _I64, _P, _P, _I64, _INT, _P, _P, _P, _P, _P, _INT]),
-        "tgl_pw_set_sgemm": (_INT, [_P]),
-        "tgl_rows_equal": (_INT, [_I64, _I64, _P, _I64, _P, _I64]),
-        "tgl_pw_gemm_check": (_INT, []),
-        "tgl_gru_cell_fwd": (_INT, [_I64] * 4 + [_P, _I64] + [_P] * 11 + [_INT]),
-        "tgl_gru_cell_bwd": (_INT, [_I64] * 4 + [_P] * 15 + [_INT]),
-        "tgl_gru_time_cell_fwd": (_INT, [_I64] * 4 + [_P, _I64] + [_P] * 14 + [_INT]),
-        "tgl_gru_time_cell_bwd": (_INT, [_I64] * 4 + [_P] * 21 + [_INT])})
-
-
-def _make() -> ctypes.CDLL:
-    lib = load_openmp(SOURCE, _load)
-    # TGN's GRU cell as one call each way, its products through torch's own BLAS
-    # (set_blas); without it the cell runs its products as torch operators
-    lib.cell_ready = set_blas(lib, "tgl_pw_set_sgemm", "tgl_pw_gemm_check")
-    return lib
-
-
-KERNEL = LazyKernel("pointwise kernel", _make,
-                    "time encodings and dropout use torch (same values, slower)")
+from tgl_dist.kernels import POINTWISE as KERNEL
+from tgl_dist.kernels import data_ptr as _ptr
 
 
 def _cpu_f32(*ts: Tensor) -> bool:
@@ -145,61 +108,8 @@ def cosine_time_encoding(dt: Tensor, w: Tensor, b: Tensor,
     return CosineTimeEncoding.apply(dt, w, b, lib, prefix)
 
 
-class GRUGates(torch.autograd.Function):
-    """:class:`torch.nn.GRUCell`'s gate arithmetic on its two products, in one pass.
-
-    ``gi = W_ih x + b_ih`` and ``gh = W_hh h + b_hh`` (``[U, 3H]``, gates r | z | n),
-    ``h [U, H]`` -> ``h' = n + z (h - n)`` with ``r = sigmoid(gi_r + gh_r)``,
-    ``z = sigmoid(gi_z + gh_z)``, ``n = tanh(gi_n + r gh_n)`` (float32, CPU). Keeps
-    ``r, z, n`` for the backward, which writes the gradients of ``gi`` and ``gh`` (and of
-    ``h`` when it requires one) in one pass: no split, chunk or concatenation nodes.
-    :class:`GRUCell` runs the same kernel calls inside its own node; this one holds the
-    gates alone (the tests check the kernel's values and gradients through it).
-    """
-
-    @staticmethod
-    def forward(ctx, gi: Tensor, gh: Tensor, h: Tensor, lib) -> Tensor:
-        gi, gh, h = gi.contiguous(), gh.contiguous(), h.contiguous()
-        out, saved = _gates_forward(lib, gi, gh, h)
-        ctx.save_for_backward(gh, h, saved)
-        ctx.lib = lib
-        return out
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        gh, h, saved = ctx.saved_tensors
-        return (*_gates_backward(ctx.lib, g, gh, h, saved, ctx.needs_input_grad[2]), None)
-
-
-def _gates_forward(lib, gi: Tensor, gh: Tensor, h: Tensor, rz_in_gi: bool = False):
-    """``(h' [U, H], saved r, z, n [U, 3H])`` from contiguous ``gi [U, 3H]``, ``h`` and ``gh``
-    (rows contiguous): ``[U, 3H]``, or with ``rz_in_gi`` only its n part ``[U, H]`` (``gi``'s
-    r and z parts then hold ``gi + gh`` already)."""
-    U, H = h.shape
-    out, saved = torch.empty(U, H), torch.empty(U, 3 * H)
-    lib.tgl_gru_fwd(U, H, gi.data_ptr(), gh.data_ptr(), gh.stride(0), int(rz_in_gi),
-                    h.data_ptr(), out.data_ptr(), saved.data_ptr(), lib.threads())
-    return out, saved
-
-
-def _gates_backward(lib, g: Tensor, gh: Tensor, h: Tensor, saved: Tensor, want_h: bool,
-                    rz_in_gi: bool = False):
-    """``(g_gi, g_gh [U, 3H], g_h [U, H] or None)``: the gates' backward; ``g_h`` holds only
-    the direct term ``g z`` (what flows through ``gh`` is the caller's). With ``rz_in_gi``
-    (``gh`` as in :func:`_gates_forward`): ``(g_all [U, 4H] = [g_gi || g_gh_n], None, g_h)``."""
-    g = g.contiguous()
-    U, H = h.shape
-    g_gi = torch.empty(U, (4 if rz_in_gi else 3) * H)
-    g_gh = None if rz_in_gi else torch.empty(U, 3 * H)
-    g_h = torch.empty(U, H) if want_h else None
-    lib.tgl_gru_bwd(U, H, g.data_ptr(), gh.data_ptr(), gh.stride(0), int(rz_in_gi), h.data_ptr(),
-                    saved.data_ptr(), g_gi.data_ptr(), None if g_gh is None else g_gh.data_ptr(),
-                    None if g_h is None else g_h.data_ptr(), lib.threads())
-    return g_gi, g_gh, g_h
-
-
 def _gates_torch(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:
-    """The gates of :class:`GRUGates` in torch's ops (the fallback off the kernel)."""
+    """The GRU gates in torch's ops, ``gi``, ``gh`` ``[U, 3H]`` (r, z, n) -> ``h' [U, H]``."""
     H = h.size(1)
     gi_rz, gi_n = gi.split([2 * H, H], 1)
     gh_rz, gh_n = gh.split([2 * H, H], 1)
@@ -208,94 +118,11 @@ def _gates_torch(gi: Tensor, gh: Tensor, h: Tensor) -> Tensor:
     return n + z * (h - n)
 
 
-class GRUCell(torch.autograd.Function):
-    """:class:`torch.nn.GRUCell` on ``x = [x0 || x1]``: both products and the gates, with one
-    written-out backward.
-
-    ``x0 [U, F0]``, ``x1 [U, F1]``, ``h [U, H]``, ``W_ih [3H, F0 + F1]``, ``W_hh [3H, H]``,
-    ``b_ih, b_hh [3H]`` (float32, CPU) -> ``h' [U, H]``. The forward is one ``addmm`` per
-    product and :class:`GRUGates`' pass. The backward writes ``dW_ih = dgi^T x`` as one
-    product (autograd on a weight cut in two computes two and joins them) and computes
-    input gradients only for the inputs that need one: in TGN's updater ``x0`` is the
-    stored mail and ``h`` the stored memory (constants), ``x1`` the time encoding.
-
-    ``own_state=True``: the input is ``[h || x0 || x1]`` (``W_ih [3H, H + F0 + F1]``), as
-    in TGN, whose mails start with the receiver's own memory. The products that read
-    ``h`` are then one ``[U, H] x [H, 4H]`` product with the r and z weights summed
-    (``(W_ih,rz^h + W_hh,rz) h``: the same function, 2H x H fewer multiply-adds a row
-    forward and backward), and the other input one ``[U, F0 + F1] x [F0 + F1, 3H]``.
-    """
-
-    @staticmethod
-    def forward(ctx, x0: Tensor, x1: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor,
-                b_ih: Tensor, b_hh: Tensor, lib, own_state: bool = False) -> Tensor:
-        ctx.lib, ctx.f0, ctx.own = lib, x0.size(1), own_state
-        if own_state and _whole_cell(lib, x0, x1, h, w_ih, w_hh, b_ih, b_hh):
-            out, saved = _whole_cell_forward(lib, x0, x1, h, w_ih, w_hh, b_ih, b_hh)
-            ctx.save_for_backward(*saved)
-            return out
-        x = torch.cat([x0, x1], 1) if x0.size(1) else x1.contiguous()
-        h = h.contiguous()
-        if not own_state:
-            gh = torch.addmm(b_hh, h, w_hh.t())
-            out, saved = _gates_forward(lib, torch.addmm(b_ih, x, w_ih.t()), gh, h)
-            ctx.save_for_backward(x, h, gh, saved, w_ih, w_hh)
-            return out
-        H = h.size(1)
-        w_own, b_own = own_state_weights(w_ih, w_hh, b_ih, b_hh)
-        hh = torch.addmm(b_own, h, w_own.t())                       # [U, 4H]: rz | i_n | h_n
-        gi = torch.addmm(hh[:, :3 * H], x, w_ih[:, H:].t())
-        out, saved = _gates_forward(lib, gi, hh[:, 3 * H:], h, True)
-        ctx.save_for_backward(x, h, hh, saved, w_ih, w_own)
-        return out
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        x, h, gh, saved, w_ih, w_hh = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        f0, H = ctx.f0, h.size(1)
-        if ctx.own and getattr(ctx.lib, "cell_ready", False):
-            return _whole_cell_backward(ctx, g)
-        if ctx.own:   # gh: the [U, 4H] products of h; w_hh: their weight [4H, H]
-            g_all, _, g_h = _gates_backward(ctx.lib, g, gh[:, 3 * H:], h, saved, need[2], True)
-            g_gi = g_all[:, :3 * H]
-            w_x = w_ih[:, H:]
-            if g_h is not None:
-                g_h.addmm_(g_all, w_hh)
-            g_wih = g_whh = g_bih = g_bhh = None
-            if need[3] or need[4]:   # products straight into the gradients' blocks
-                g_ih_h = torch.empty(3 * H, H + x.size(1)) if need[3] else torch.empty(3 * H, H)
-                torch.mm(g_gi.t(), h, out=g_ih_h[:, :H])                # rows rz | n of W_ih^h
-                if need[3]:
-                    g_wih = g_ih_h
-                    torch.mm(g_gi.t(), x, out=g_wih[:, H:])
-                if need[4]:   # W_hh: rz shares W_ih^h's gradient, n is its own
-                    g_whh = torch.empty(3 * H, H)
-                    g_whh[:2 * H] = g_ih_h[:2 * H, :H]
-                    torch.mm(g_all[:, 3 * H:].t(), h, out=g_whh[2 * H:])
-            if need[5] or need[6]:
-                g_b = g_all.sum(0)
-                g_bih = g_b[:3 * H] if need[5] else None
-                g_bhh = torch.cat([g_b[:2 * H], g_b[3 * H:]]) if need[6] else None
-        else:
-            g_gi, g_gh, g_h = _gates_backward(ctx.lib, g, gh, h, saved, need[2])
-            w_x = w_ih
-            if g_h is not None:
-                g_h.addmm_(g_gh, w_hh)
-            g_wih = g_gi.t().mm(x) if need[3] else None
-            g_whh = g_gh.t().mm(h) if need[4] else None
-            g_bih = g_gi.sum(0) if need[5] else None
-            g_bhh = g_gh.sum(0) if need[6] else None
-        g_x0 = g_gi.mm(w_x[:, :f0]) if need[0] else None
-        g_x1 = g_gi.mm(w_x[:, f0:]) if need[1] else None
-        return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None, None
-
-
 def _whole_cell(lib, x0: Tensor, x1: Tensor, h: Tensor, *params: Tensor) -> bool:
-    """Whether :class:`GRUCell`'s own-state forward runs as one compiled call
-    (``tgl_gru_cell_fwd``): torch's BLAS found (``cell_ready``), rows of ``x0`` contiguous
-    in memory, the rest contiguous (all float32 on the CPU: :func:`gru_cell` checks)."""
-    return (bool(getattr(lib, "cell_ready", False)) and x0.stride(1) == 1
+    """Whether the compiled cell applies to this layout: torch's BLAS found (``blas``),
+    rows of ``x0`` contiguous in memory, the rest contiguous (all float32 on the CPU:
+    :func:`whole_time_cell` checks)."""
+    return (bool(getattr(lib, "blas", False)) and x0.stride(1) == 1
             and (x0.size(0) < 2 or x0.stride(0) >= x0.size(1)) and x1.is_contiguous()
             and h.is_contiguous() and all(p.is_contiguous() for p in params))
 
@@ -317,49 +144,20 @@ def _cell_grads(need, U: int, H: int, f0: int, w_ih: Tensor):
             e(3 * H) if need[5] else None, e(3 * H) if need[6] else None)
 
 
-def _whole_cell_forward(lib, x0, x1, h, w_ih, w_hh, b_ih, b_hh):
-    """The own-state forward as ``tgl_gru_cell_fwd``: ``(h' [U, H], saved)`` in the torch
-    form's layout (``x = [x0 || x1]``, ``h``, ``hh [U, 4H]``, ``r, z, n``, ``W_ih``,
-    ``w_own``), which either backward reads."""
-    (U, H), F0, F1 = h.shape, x0.size(1), x1.size(1)
-    x, w_own, hh, out, saved = _cell_outputs(U, H, F0 + F1)
-    rc = lib.tgl_gru_cell_fwd(U, H, F0, F1, x0.data_ptr(), x0.stride(0) if U else F0,
-                              x1.data_ptr(), h.data_ptr(), w_ih.data_ptr(), w_hh.data_ptr(),
-                              b_ih.data_ptr(), b_hh.data_ptr(), x.data_ptr(), w_own.data_ptr(),
-                              hh.data_ptr(), out.data_ptr(), saved.data_ptr(), lib.threads())
-    if rc != 0:
-        raise RuntimeError(f"GRU cell: the compiled call failed ({rc})")
-    return out, (x, h, hh, saved, w_ih, w_own)
-
-
-def _whole_cell_backward(ctx, g: Tensor):
-    """:class:`GRUCell`'s own-state backward as ``tgl_gru_cell_bwd``."""
-    x, h, hh, saved, w_ih, w_own = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    (U, H), f0 = h.shape, ctx.f0
-    f1 = x.size(1) - f0
-    g_x0, g_h, g_wih, g_whh, g_bih, g_bhh = _cell_grads(need, U, H, f0, w_ih)
-    g_x1 = torch.empty(U, f1) if need[1] else None
-    g, g_all = g.contiguous(), torch.empty(U, 4 * H)   # named: alive through the call
-    rc = ctx.lib.tgl_gru_cell_bwd(
-        U, H, f0, f1, g.data_ptr(), x.data_ptr(), h.data_ptr(), hh.data_ptr(),
-        saved.data_ptr(), w_ih.data_ptr(), w_own.data_ptr(), _ptr(g_h), _ptr(g_x0), _ptr(g_x1),
-        _ptr(g_wih), _ptr(g_whh), _ptr(g_bih), _ptr(g_bhh), g_all.data_ptr(),
-        ctx.lib.threads())
-    if rc != 0:
-        raise RuntimeError(f"GRU cell: the compiled backward failed ({rc})")
-    return g_x0, g_x1, g_h, g_wih, g_whh, g_bih, g_bhh, None, None
-
-
 class GRUTimeCell(torch.autograd.Function):
-    """TGN's cell with its time input: :class:`GRUCell` (``own_state``) on
-    ``[h || x0 || cos(dt w + b)]``, the cosine time encoding computed inside the same
-    compiled call each way (``tgl_gru_time_cell_fwd`` / ``_bwd``: no separate encoding
-    node, no copy of its rows). ``apply(x0 [U, F0], dt [U], h [U, H], W_ih, W_hh, b_ih,
+    """TGN's memory update as ONE autograd node: :class:`torch.nn.GRUCell` on
+    ``[h || x0 || cos(dt w + b)]`` with hidden state ``h``, both products, the gates and
+    the cosine time encoding in one compiled call each way (``tgl_gru_time_cell_fwd`` /
+    ``_bwd``: no separate encoding node, no copy of its rows). The input starts with
+    ``h`` (TGN's mails start with the receiver's own memory), so the products that read
+    ``h`` are one ``[U, H] x [H, 4H]`` product with the r and z weights summed
+    (:func:`own_state_weights`: the same function, 2H x H fewer multiply-adds a row), and
+    ``dW_ih`` is one product; input gradients only where asked. ``apply(x0 [U, F0], dt [U], h [U, H], W_ih, W_hh, b_ih,
     b_hh, te_w [F1, 1], te_b [F1], lib) -> h' [U, H]``; gradients flow to the cell's and
     the encoding's parameters and, when asked, to ``x0`` and ``h`` (``dt`` is data).
-    Only where :func:`whole_time_cell` holds; its values are :class:`GRUCell`'s on
-    :class:`CosineTimeEncoding`'s output (tested)."""
+    Only where :func:`whole_time_cell` holds; elsewhere the torch reference
+    :func:`gru_cell` (``own_state=True``) on the time encoding's output computes the same
+    values (tested)."""
 
     @staticmethod
     def forward(ctx, x0: Tensor, dt: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor,
@@ -442,15 +240,11 @@ def own_state_weights(w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor):
 
 def gru_cell(x0: Tensor, x1: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
              b_hh: Tensor, own_state: bool = False) -> Tensor:
-    """``GRUCell([x0 || x1], h)`` with :class:`torch.nn.GRUCell`'s parameter layout (the
-    compiled kernel and :class:`GRUCell` on CPU float32, else torch's ops); with
-    ``own_state``, ``GRUCell([h || x0 || x1], h)`` (see :class:`GRUCell`)."""
-    ts = (x0, x1, h, w_ih, w_hh, b_ih, b_hh)
-    lib = KERNEL.get() if _cpu_f32(*ts) else None
-    if lib is None:
-        x = torch.cat([h, x0, x1] if own_state else [x0, x1], 1)
-        return _gates_torch(F.linear(x, w_ih, b_ih), F.linear(h, w_hh, b_hh), h)
-    return GRUCell.apply(*ts, lib, own_state)
+    """``GRUCell([x0 || x1], h)`` with :class:`torch.nn.GRUCell`'s parameter layout, in
+    torch's ops (any device and dtype); with ``own_state``, ``GRUCell([h || x0 || x1], h)``.
+    The torch reference of :class:`GRUTimeCell`."""
+    x = torch.cat([h, x0, x1] if own_state else [x0, x1], 1)
+    return _gates_torch(F.linear(x, w_ih, b_ih), F.linear(h, w_hh, b_hh), h)
 
 
 def dropout_mask(shape, p: float, like: Tensor) -> Optional[Tensor]:

@@ -16,8 +16,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from tgl_dist.nn._attention_kernel import get_attention_kernel, index_add_rows
-from tgl_dist.sampling._ckernel import data_ptr
+from tgl_dist.nn._attention_kernel import get_attention_kernel
+from tgl_dist.kernels import data_ptr
 
 
 class EdgePredictor(nn.Module):
@@ -91,7 +91,7 @@ def _whole_scores(emb: Tensor, src: Tensor, dst: Tensor, *params: Tensor):
             and dst.device.type == "cpu"):
         return None
     lib = get_attention_kernel()
-    return lib if lib is not None and getattr(lib, "layer_ready", False) else None
+    return lib if lib is not None and getattr(lib, "blas", False) else None
 
 
 class ScoreRows(torch.autograd.Function):
@@ -165,8 +165,8 @@ class ScoreRows(torch.autograd.Function):
         g_emb = None
         if need[0]:
             g_emb = hs.new_zeros(ctx.rows, hs.size(1))
-            index_add_rows(g_emb, src, gs.mm(w_s))
-            index_add_rows(g_emb, dst, gz.mm(w_d))
+            g_emb.index_add_(0, src, gs.mm(w_s))
+            g_emb.index_add_(0, dst, gz.mm(w_d))
         return (g_emb, None, None,
                 gs.t().mm(hs) if need[3] else None, gs.sum(0) if need[4] else None,
                 gz.t().mm(hd) if need[5] else None, gz.sum(0) if need[6] else None,

@@ -11,6 +11,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from tgl_dist.kernels import SAMPLER
+
 
 def unique_first(keys: Tensor) -> Tuple[Tensor, Tensor]:
     """``(first [U], inverse [n])``: ``keys[first]`` are the distinct keys (sorted),
@@ -19,12 +21,17 @@ def unique_first(keys: Tensor) -> Tuple[Tensor, Tensor]:
     On the CPU (int64) the sampling kernel's radix sort computes it (a batch's ~6,600
     input-node ids: ~110 us against ~520 us for this torch form, measured on 2 cores);
     elsewhere, or without the kernel, one stable torch sort (same result)."""
-    if keys.device.type == "cpu" and keys.dtype == torch.long and keys.numel() >= 64:
-        from tgl_dist.sampling._ckernel import SAMPLER
-        k = SAMPLER.get()
-        if k is not None:
-            return k.unique_first(keys)
-    return _unique_first_torch(keys)
+    lib = (SAMPLER.get() if keys.device.type == "cpu" and keys.dtype == torch.long
+           and keys.numel() >= 64 else None)
+    if lib is None:
+        return _unique_first_torch(keys)
+    keys = keys.contiguous()
+    n = keys.numel()
+    buf = torch.empty(4 * n, dtype=torch.long)
+    first, inv = buf[:n], buf[n:2 * n]
+    U = lib.tgl_unique_first(n, keys.data_ptr(), buf[2 * n:3 * n].data_ptr(),
+                             buf[3 * n:].data_ptr(), first.data_ptr(), inv.data_ptr())
+    return first[:U], inv
 
 
 def _unique_first_torch(keys: Tensor) -> Tuple[Tensor, Tensor]:

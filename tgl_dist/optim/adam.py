@@ -4,7 +4,7 @@ Same class, arguments, state and checkpoints as ``torch.optim.Adam(fused=True)``
 the step differs in how it runs. torch's fused CPU step launches one parallel loop per
 tensor and its Python wrapper walks the tensors several times: for a TGN's 22 small
 tensors (222k floats) ~260 us of a ~10 ms training step. Here one call of a compiled
-kernel (``_adam.c``, built and cached like the other kernels) updates every tensor of a
+kernel (``tgl_dist/kernels/adam.c``, built and cached like the other kernels) updates every tensor of a
 parameter group: ~100 us (``benchmarks/RESULTS.md``). The arithmetic follows torch's
 fused CPU kernel operation by operation, so the results are the same bits on x86-64
 (torch's AVX2 and AVX-512 kernels; ``tests/optim/test_adam.py``) and within float
@@ -17,32 +17,13 @@ betas, a ``closure``, sparse gradients, no compiler, ``TGL_DIST_NO_KERNEL=1``.
 """
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
 from typing import List, Optional
 
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import LazyKernel, load_openmp, open_library
-
-SOURCE = Path(__file__).with_name("_adam.c")
-ABI = 1
-_P, _I64, _D, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
-
-
-def _load(path: Path) -> ctypes.CDLL:
-    return open_library(path, "Adam kernel", "tgl_adam_abi", ABI, {
-        "tgl_adam": (_INT, [_I64, _P, _P, _P, _P, _P, _P, _D, _D, _D, _D, _D, _I64, _INT, _INT])})
-
-
-def _make() -> ctypes.CDLL:
-    # -fno-math-errno: sqrtf never sets errno here (its arguments are >= 0), and without
-    # the flag GCC will not vectorise a loop that calls it
-    return load_openmp(SOURCE, _load, ("-lm",), flags=("-fno-math-errno",))
-
-
-KERNEL = LazyKernel("Adam kernel", _make, "Adam steps with torch's fused kernel (same values)")
+from tgl_dist.kernels import ADAM as KERNEL
+from tgl_dist.kernels import int64_array, pointer_array as _pointers
 
 
 def _torch_vectors() -> tuple:
@@ -51,10 +32,6 @@ def _torch_vectors() -> tuple:
     sums (its x86-64 AVX2 and AVX-512 kernels step in vectors of 8 floats, both measured)."""
     cap = torch.backends.cpu.get_cpu_capability()
     return 8, cap.startswith("AVX2") or cap.startswith("AVX512")
-
-
-def _pointers(ts: List[Tensor]) -> ctypes.Array:
-    return (ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts])
 
 
 class Adam(torch.optim.Adam):
@@ -139,7 +116,7 @@ class Adam(torch.optim.Adam):
             states = [self._state_of(p) for p in ps]
             if all(s[k].is_contiguous() and s[k].dtype is torch.float32 for s in states
                    for k in ("exp_avg", "exp_avg_sq", "step")):
-                plan = (len(ps), (ctypes.c_int64 * len(ps))(*[p.numel() for p in ps]),
+                plan = (len(ps), int64_array([p.numel() for p in ps]),
                         _pointers(ps), _pointers([s["exp_avg"] for s in states]),
                         _pointers([s["exp_avg_sq"] for s in states]),
                         _pointers([s["step"] for s in states]))

@@ -40,7 +40,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.sampling._ckernel import SAMPLER
+from tgl_dist.sampling._ckernel import get_kernel
 from tgl_dist.sampling.hashing import hash_keys, uniform_below
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class BoundNegatives:
             raise ValueError(f"split {self.split!r}: no destination ids to draw negatives from")
         n = self.pool.numel()
         key = self._key(epoch)
-        kern = SAMPLER.get() if eid.device.type == "cpu" and eid.dtype == torch.long else None
+        kern = get_kernel() if eid.device.type == "cpu" and eid.dtype == torch.long else None
         if kern is not None:   # the same draws in one pass
             neg = self.pool[kern.draw_below(key, eid, k, n)]
         else:

@@ -1,6 +1,6 @@
 /* Fused segment attention of tgl_dist's temporal attention layers: plain C99 (+ OpenMP).
  *
- * Built on first use by tgl_dist/nn/_attention_kernel.py (same compiler, flags and cache as
+ * Built on first use by tgl_dist/kernels (same compiler, flags and cache as
  * the sampling kernel) and called through ctypes on tensors' data pointers.
  *
  * The layers re-associate their key/value products (docs/models.md, "Attention without
@@ -27,8 +27,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "abi.h"
 
-#include "_blas.h"
+#include "blas.h"
 
 #define MAX_THREADS 64
 
@@ -42,7 +43,6 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_att_abi(void) { return 11; }
 
 #if defined(__GNUC__)  /* GCC and clang: 8-float vectors (two SSE or one AVX register) */
 typedef float v8 __attribute__((vector_size(32)));
@@ -345,7 +345,7 @@ static void run(job_t *base, int threads, void (*fn)(const job_t *)) {
   }
   /* with OpenMP (tgl_dist builds with -fopenmp when the compiler has it) the ranges run on
    * the process's OpenMP workers, torch's own when the runtime is shared (see
-   * openmp_threads in tgl_dist/sampling/_ckernel.py); without it, one after the other */
+   * openmp_threads in tgl_dist/kernels/runtime.py); without it, one after the other */
   int t;
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (t = 0; t < threads; ++t) fn(&jobs[t]);
@@ -413,17 +413,6 @@ int tgl_att_csr(int64_t M, int64_t D, const int64_t *dst, int64_t *ptr) {
   return 0;
 }
 
-/* out[idx[i], :] += src[i, :] for i = 0 .. n-1 in order (src rows ld floats apart, out
- * rows d floats apart, `rows` of them): torch's index_add_ on CPU, serially. Returns 0, or
- * -1 when an index is outside 0 .. rows-1 (checked before anything is written). */
-int tgl_att_index_add(int64_t n, int64_t d, const int64_t *idx, const float *src, int64_t ld,
-                      float *out, int64_t rows) {
-  for (int64_t i = 0; i < n; ++i)
-    if (idx[i] < 0 || idx[i] >= rows) return -1;
-  for (int64_t i = 0; i < n; ++i) axpy(out + idx[i] * d, 1.f, src + i * ld, d);
-  return 0;
-}
-
 /* ------------------------------------------------------------------------------------
  * The whole temporal attention layer (tgl_dist.nn._attention_layer.AttentionLayer) in one
  * call each way: the products through the BLAS torch itself calls (its sgemm_, set once
@@ -448,7 +437,7 @@ static void fill_rows(float *out, int64_t n, int64_t w, int64_t ld, const float 
   for (int64_t i = 0; i < n; ++i) memcpy(out + i * ld, v, (size_t)w * sizeof(float));
 }
 
-/* workers for a row loop over n elements (workers in _blas.h, no cap by blocks) */
+/* workers for a row loop over n elements (workers in blas.h, no cap by blocks) */
 static int row_workers(int threads, int64_t n) { return workers(threads, n, threads); }
 
 static inline float sum_f(const float *a, int64_t n) {   /* fixed order, as dot() */

@@ -27,8 +27,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include "abi.h"
 
-#define TGL_ADAM_ABI 1
 #define CHUNK 4096 /* floats per work item (a multiple of every vector width) */
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -37,7 +37,6 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_adam_abi(void) { return TGL_ADAM_ABI; }
 
 typedef struct {
   float b2, c1, c2, wd, step_size, bc2_sqrt, eps;

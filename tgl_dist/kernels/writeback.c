@@ -1,7 +1,7 @@
 /* The mailbox write-back of a world of one: plain C99, one serial pass (a step writes a
  * few hundred rows; a parallel region would cost more than the copies).
  *
- * Built on first use by tgl_dist/memory/_writeback.py (same compiler, flags and cache as
+ * Built on first use by tgl_dist/kernels (same compiler, flags and cache as
  * the sampling kernel) and called through ctypes on tensors' data pointers.
  *
  * SharedMailBox.update with mails to the endpoints, the latest kept (deliver_to 'self',
@@ -25,9 +25,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-int64_t tgl_wb_abi(void) { return 1; }
-
+#include "abi.h"
 static inline uint64_t slot_of(int64_t key, int bits) {
   return ((uint64_t)key * 0x9E3779B97F4A7C15ull) >> (64 - bits);
 }

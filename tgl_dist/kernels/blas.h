@@ -1,8 +1,8 @@
-/* torch's own BLAS for the model kernels' whole-node calls (_attention.c, _pointwise.c),
+/* torch's own BLAS for the model kernels' whole-node calls (attention.c, pointwise.c),
  * and how their loops are shared among threads.
  *
  * The kernel library is handed the address of the Fortran sgemm_ libtorch_cpu exports
- * (tgl_dist/sampling/_ckernel.py: set_blas), the one torch's own CPU products call, and
+ * (tgl_dist/kernels/runtime.py: set_blas), the one torch's own CPU products call, and
  * checks it on a small product (gemm_check) before any node uses it. Included by each
  * kernel source (the build cache hashes included local headers with the source).
  */

@@ -33,10 +33,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
+#include "abi.h"
 
-#include "_blas.h"
-
-#define TGL_PW_ABI 12
+#include "blas.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define TGL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -44,7 +43,6 @@
 #define TGL_CLONES
 #endif
 
-int64_t tgl_pw_abi(void) { return TGL_PW_ABI; }
 
 static const double INV_PIO2 = 0.6366197723675814;
 /* pi/2 = P1 + P2 (+ ~6e-30), P1 with 21 significant bits: k P1 is exact for |k| < 2^32 */
@@ -319,7 +317,7 @@ int tgl_rows_equal(int64_t U, int64_t w, const float *a, int64_t lda, const floa
 /* ------------------------------------------------------------------------------------
  * TGN's GRU cell (tgl_dist.nn._pointwise.GRUCell with own_state: the input is
  * [h || x0 || x1]) as one call each way: its products through the sgemm_ torch's own CPU
- * products call (set once with tgl_pw_set_sgemm; gemm from _blas.h, as the attention
+ * products call (set once with tgl_pw_set_sgemm; gemm from blas.h, as the attention
  * kernel's), the gate passes above, and the small operations (the input's concatenation,
  * the summed r/z weights, bias sums) as loops.
  * ------------------------------------------------------------------------------------ */
@@ -410,7 +408,7 @@ int tgl_gru_cell_bwd(int64_t U, int64_t H, int64_t F0, int64_t F1, const float *
     }
     if (!g_wih) free(gs);
   }
-  if (g_bih || g_bhh) {   /* column sums over the rows in order, by columns (_blas.h) */
+  if (g_bih || g_bhh) {   /* column sums over the rows in order, by columns (blas.h) */
     float *gb = malloc((size_t)l4 * sizeof(float));
     if (!gb) abort();
     col_sums(gb, g_all, U, l4, l4, threads);

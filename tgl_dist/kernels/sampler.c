@@ -1,6 +1,6 @@
 /* Temporal neighbour sampling kernel of tgl_dist: plain C99 + pthreads, no torch headers.
  *
- * Built on first use by tgl_dist/sampling/_ckernel.py (`cc -O3 -std=c99 -shared -fPIC
+ * Built on first use by tgl_dist/kernels/build.py (`cc -O3 -std=c99 -shared -fPIC
  * -pthread`, about a second) and called through ctypes on tensors' data pointers. It returns
  * exactly what the pure-torch path of tgl_dist/sampling/neighbor.py returns:
  *
@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "abi.h"
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 #if defined(__GNUC__) || defined(__clang__)
@@ -346,6 +347,3 @@ void tgl_draw_below(uint64_t h, int64_t B, const int64_t *key, int64_t k, int64_
       out[j * B + i] = (int64_t)((mix64(((uint64_t)j ^ a) + GOLDEN) >> 1) % (uint64_t)n);
   }
 }
-
-/* Version tag checked by the loader (bump when the signatures above change). */
-int64_t tgl_abi(void) { return 6; }
