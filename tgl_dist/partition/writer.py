@@ -74,8 +74,11 @@ def _part_payload(graph: TemporalGraph, node_ids: Tensor, event_idx: Tensor,
     eid = graph.eid[event_idx]
     nodes = {"ids": node_ids.clone(),
              "node_feat": None if graph.node_feat is None else graph.node_feat[node_ids]}
+    # src and dst as the two rows of one [2, e] tensor: saved as one storage, they load as
+    # views of it, and partition_load's edge_index is that tensor (no copy)
+    ends = torch.stack([graph.src[event_idx], graph.dst[event_idx]])
     events = {
-        "src": graph.src[event_idx], "dst": graph.dst[event_idx], "t": graph.t[event_idx],
+        "src": ends[0], "dst": ends[1], "t": graph.t[event_idx],
         "eid": eid,
         "edge_attr": None if graph.edge_attr is None else graph.edge_attr[eid],
         "labels": None if graph.labels is None else graph.labels[event_idx],
