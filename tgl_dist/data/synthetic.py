@@ -17,8 +17,10 @@ prediction against random negatives:
 * **bursts**: half of the events fall into short bursts around random centres, and each
   node's activity is scaled per phase by a log-normal factor (nodes go hot and cold).
 
-Everything is vectorised with numpy (loops run over phases only) and seeded, so the
-same arguments always give the same stream (defaults: 1,000 nodes, 20,000 events).
+Everything is vectorised with numpy (loops run over phases and chunks of events only)
+and seeded, so the same arguments always give the same stream (defaults: 1,000 nodes,
+20,000 events). Streams longer than ``chunk_size`` (2^22) events are drawn chunk by
+chunk in bounded memory (10^8 events: about 2.4 GB of results plus a few chunk buffers).
 """
 from __future__ import annotations
 
@@ -27,17 +29,21 @@ from typing import Optional
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from tgl_dist.data.temporal import TemporalGraph
 
 log = logging.getLogger(__name__)
+
+CHUNK = 1 << 22   # events drawn at a time by generate_synthetic
 
 
 def generate_synthetic(num_nodes: int = 1000, num_events: int = 20000, seed: int = 0,
                        num_communities: Optional[int] = None, num_partners: int = 5,
                        p_repeat: float = 0.7, p_community: float = 0.25, num_phases: int = 10,
                        refresh: float = 0.1, activity_alpha: float = 1.5, span: float = 30 * 86400.0,
-                       edge_dim: int = 0, node_dim: int = 0, name: str = "synthetic") -> TemporalGraph:
+                       edge_dim: int = 0, node_dim: int = 0, name: str = "synthetic",
+                       chunk_size: int = CHUNK, progress: Optional[bool] = None) -> TemporalGraph:
     """Generate a seeded, learnable temporal interaction stream.
 
     Args:
@@ -57,6 +63,12 @@ def generate_synthetic(num_nodes: int = 1000, num_events: int = 20000, seed: int
             destination's community plus noise).
         node_dim: F_n, if > 0 add node features ``[N, F_n]`` (community centroid + noise).
         name: dataset name.
+        chunk_size: events drawn at a time (default ``CHUNK`` = 2^22). A stream of at
+            most ``chunk_size`` events is drawn in one go (the stream of earlier versions,
+            bit for bit); a longer one chunk by chunk, so the peak memory is the final
+            tensors (24 bytes an event, plus ``4 * edge_dim``) and a few chunk-sized
+            buffers (its random stream depends on ``chunk_size``).
+        progress: tqdm bar on stderr over the chunks (default: when there are 10 or more).
 
     Returns:
         TemporalGraph with ``num_nodes == N`` (identity ``node_map``), events sorted by
@@ -97,6 +109,27 @@ def generate_synthetic(num_nodes: int = 1000, num_events: int = 20000, seed: int
         out[local] = in_community(comm[nodes[local]])
         return out
 
+    if E <= chunk_size:   # one chunk: the stream as it always was (tests pin its figures)
+        src, dst, t, edge_attr = _one_chunk(rng, N, E, K, S, C, span, p_repeat, p_community, refresh,
+                                            comm, w, in_community, draw_partners, edge_dim)
+    else:
+        src, dst, t, edge_attr = _chunked(rng, N, E, K, S, C, span, p_repeat, p_community, refresh,
+                                          comm, w, in_community, draw_partners, edge_dim,
+                                          chunk_size, progress)
+    node_feat = None
+    if node_dim > 0:
+        cent = rng.normal(0.0, 1.0, (C, node_dim))
+        node_feat = torch.from_numpy((cent[comm] + 0.1 * rng.normal(0.0, 1.0, (N, node_dim)))
+                                     .astype(np.float32))
+    log.info("synthetic stream: %d nodes, %d events, %d communities, seed %d", N, E, C, seed)
+    return TemporalGraph(torch.from_numpy(src), torch.from_numpy(dst), torch.from_numpy(t), num_nodes=N,
+                         edge_attr=edge_attr, node_feat=node_feat,
+                         node_map=torch.arange(N, dtype=torch.long), name=name)
+
+
+def _one_chunk(rng, N, E, K, S, C, span, p_repeat, p_community, refresh, comm, w, in_community,
+               draw_partners, edge_dim):
+    """The whole stream at once (E <= chunk_size): every array is [E] or [S, N, K]."""
     # ---- event times: half uniform, half in bursts; integer seconds, sorted
     n_burst = max(1, E // 500)
     centres = rng.random(n_burst) * span
@@ -132,16 +165,76 @@ def generate_synthetic(num_nodes: int = 1000, num_events: int = 20000, seed: int
     loop = dst == src
     dst[loop] = (dst[loop] + rng.integers(1, N, int(loop.sum()))) % N
 
-    edge_attr = node_feat = None
+    edge_attr = None
     if edge_dim > 0:
         proj = rng.normal(0.0, 1.0, (C, edge_dim))
         edge_attr = torch.from_numpy((proj[comm[dst]] + 0.1 * rng.normal(0.0, 1.0, (E, edge_dim)))
                                      .astype(np.float32))
-    if node_dim > 0:
-        cent = rng.normal(0.0, 1.0, (C, node_dim))
-        node_feat = torch.from_numpy((cent[comm] + 0.1 * rng.normal(0.0, 1.0, (N, node_dim)))
-                                     .astype(np.float32))
-    log.info("synthetic stream: %d nodes, %d events, %d communities, seed %d", N, E, C, seed)
-    return TemporalGraph(torch.from_numpy(src), torch.from_numpy(dst), torch.from_numpy(t), num_nodes=N,
-                         edge_attr=edge_attr, node_feat=node_feat,
-                         node_map=torch.arange(N, dtype=torch.long), name=name)
+    return src, dst, t, edge_attr
+
+
+def _chunked(rng, N, E, K, S, C, span, p_repeat, p_community, refresh, comm, w, in_community,
+             draw_partners, edge_dim, chunk, progress):
+    """The same model, drawn ``chunk`` events at a time (a different random stream than
+    :func:`_one_chunk`'s): the only ``[E]`` arrays are the results (``src``, ``dst``, ``t``,
+    ``edge_attr``); favourites are kept for the current phase only (``[N, K]``)."""
+    n_chunks = -(-E // chunk)
+    bar = tqdm(total=2 * n_chunks, desc="synthetic stream", unit="chunk",
+               disable=(E < 10 * chunk) if progress is None else not progress, leave=False)
+    # ---- event times: half uniform, half in bursts; integer seconds, sorted in place
+    n_burst = max(1, E // 500)
+    centres = rng.random(n_burst) * span
+    t = np.empty(E, dtype=np.float64)
+    for a in range(0, E, chunk):
+        m = min(E, a + chunk) - a
+        in_burst = rng.random(m) < 0.5
+        tc = rng.random(m) * span
+        nb = int(in_burst.sum())
+        tc[in_burst] = centres[rng.integers(0, n_burst, nb)] + np.abs(rng.normal(0.0, span / 2000.0, nb))
+        t[a:a + m] = np.floor(np.clip(tc, 0.0, span))
+        bar.update(1)
+    t.sort()
+
+    # ---- sources (activity modulated per phase) and destinations, phase by phase
+    slot_cdf = np.cumsum(1.0 / np.arange(1, K + 1))
+    slot_cdf /= slot_cdf[-1]
+    proj = rng.normal(0.0, 1.0, (C, edge_dim)) if edge_dim > 0 else None
+    src = np.empty(E, dtype=np.int64)
+    dst = np.empty(E, dtype=np.int64)
+    edge_attr = np.empty((E, edge_dim), dtype=np.float32) if edge_dim > 0 else None
+    state = {"phase": -1, "fav": None, "cdf": None}
+
+    def enter(s: int) -> None:
+        while state["phase"] < s:
+            state["phase"] += 1
+            if state["phase"] == 0:
+                state["fav"] = draw_partners((N, K))
+            else:
+                redraw = rng.random((N, K)) < refresh
+                state["fav"] = np.where(redraw, draw_partners((N, K)), state["fav"])
+            cdf = np.cumsum(w * rng.lognormal(0.0, 1.0, N))
+            state["cdf"] = cdf / cdf[-1]
+
+    for a in range(0, E, chunk):
+        b = min(E, a + chunk)
+        phase = np.minimum((t[a:b] / span * S).astype(np.int64), S - 1)
+        for s in np.unique(phase):                  # t is sorted: each phase is one run
+            lo, hi = np.searchsorted(phase, s, "left"), np.searchsorted(phase, s, "right")
+            m = int(hi - lo)
+            enter(int(s))
+            sc = np.minimum(np.searchsorted(state["cdf"], rng.random(m), side="right"), N - 1)
+            slot = np.minimum(np.searchsorted(slot_cdf, rng.random(m), side="right"), K - 1)
+            r = rng.random(m)
+            dc = rng.integers(0, N, m)
+            rep = r < p_repeat
+            dc[rep] = state["fav"][sc[rep], slot[rep]]
+            com = (r >= p_repeat) & (r < p_repeat + p_community)
+            dc[com] = in_community(comm[sc[com]])
+            loop = dc == sc
+            dc[loop] = (dc[loop] + rng.integers(1, N, int(loop.sum()))) % N
+            src[a + lo:a + hi], dst[a + lo:a + hi] = sc, dc
+            if edge_attr is not None:
+                edge_attr[a + lo:a + hi] = proj[comm[dc]] + 0.1 * rng.normal(0.0, 1.0, (m, edge_dim))
+        bar.update(1)
+    bar.close()
+    return src, dst, t, None if edge_attr is None else torch.from_numpy(edge_attr)

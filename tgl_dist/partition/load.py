@@ -90,7 +90,7 @@ class PartitionData:
         self.edge_book = edge_book
         self.ids: Tensor = nodes["ids"]
         self.node_feat: OptTensor = nodes["node_feat"]
-        self.edge_index: Tensor = torch.stack([events["src"], events["dst"]])
+        self.edge_index: Tensor = _rows(events["src"], events["dst"])
         self.edge_ts: Tensor = events["t"]
         self.eids: Tensor = events["eid"]
         self.edge_attr: OptTensor = events["edge_attr"]
@@ -120,14 +120,29 @@ class PartitionData:
                 f"events={self.num_local_events}/{self.num_events})")
 
 
+def _rows(a: Tensor, b: Tensor) -> Tensor:
+    """``torch.stack([a, b])``, without a copy when ``a`` and ``b`` are the two rows of one
+    ``[2, e]`` tensor (as the writer saves them: they load as views of one mapped storage)."""
+    n = a.numel()
+    if (n and a.dim() == b.dim() == 1 and b.numel() == n and a.dtype == b.dtype
+            and a.is_contiguous() and b.is_contiguous()
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and b.storage_offset() == a.storage_offset() + n):
+        return a.as_strided((2, n), (n, 1))
+    return torch.stack([a, b])
+
+
 def _existing(root: Path) -> str:
     found = sorted(p.name for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []
     return ", ".join(found) if found else "none"
 
 
 def _load(path: Path):
+    # memory-mapped (private, copy-on-write): a tensor's pages are read from the file (and
+    # counted in the rank's RSS, as reclaimable page cache) only when touched, so loading
+    # holds no second copy of what is on disk
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # checksum matched but the payload is unreadable
         raise PartitionError(f"{path}: {unreadable_reason(path, e)}") from None
 

@@ -50,27 +50,40 @@ class AggregatedGraph:
         return int(self.xadj.numel()) - 1
 
 
-def aggregate_graph(graph: TemporalGraph) -> AggregatedGraph:
+def aggregate_graph(graph: TemporalGraph, chunk: int = 1 << 22) -> AggregatedGraph:
     """Collapse the event stream into a weighted undirected CSR graph (vectorised).
 
     Duplicate interactions are merged into one edge whose weight is their count,
     ``u -> v`` and ``v -> u`` count toward the same edge, self-loops are dropped.
+    The events are read ``chunk`` at a time (distinct pairs of each chunk, then merged),
+    so the temporaries are O(chunk + distinct pairs), not O(E).
     """
     N = graph.num_nodes
-    lo = torch.minimum(graph.src, graph.dst)
-    hi = torch.maximum(graph.src, graph.dst)
-    keep = lo != hi
-    key = lo[keep] * N + hi[keep]
-    pairs, counts = torch.unique(key, return_counts=True)   # sorted by (lo, hi)
-    a, b = pairs // N, pairs % N
-    rows = torch.cat([a, b])
-    cols = torch.cat([b, a])
-    w = torch.cat([counts, counts])
-    order = torch.argsort(rows * N + cols)
-    rows, cols, w = rows[order], cols[order], w[order]
-    xadj = torch.zeros(N + 1, dtype=torch.long)
-    xadj[1:] = torch.cumsum(torch.bincount(rows, minlength=N), 0)
-    return AggregatedGraph(xadj=xadj, adjncy=cols, weight=w)
+    keys, cnts = [], []
+    for a in range(0, graph.num_events, chunk):
+        s, d = graph.src[a:a + chunk], graph.dst[a:a + chunk]
+        lo, hi = torch.minimum(s, d), torch.maximum(s, d)
+        keep = lo != hi
+        k, c = torch.unique(lo[keep] * N + hi[keep], return_counts=True)
+        keys.append(k)
+        cnts.append(c)
+        del s, d, lo, hi, keep
+    if len(keys) == 1:
+        pairs, counts = keys[0], cnts[0]                     # sorted by (lo, hi)
+    elif keys:
+        pairs, inv = torch.unique(torch.cat(keys), return_inverse=True)
+        counts = torch.zeros(pairs.numel(), dtype=torch.long).index_add_(0, inv, torch.cat(cnts))
+        del inv
+    else:
+        pairs = counts = torch.zeros(0, dtype=torch.long)
+    del keys, cnts
+    # both directions, sorted by (row, col): the keys row * N + col are distinct, so one
+    # sort orders them; the row pointers are where each row's keys begin
+    both, order = torch.sort(torch.cat([pairs, (pairs % N) * N + pairs // N]))
+    w = torch.cat([counts, counts])[order]
+    del order, pairs, counts
+    xadj = torch.searchsorted(both, torch.arange(N + 1, dtype=torch.long) * N)
+    return AggregatedGraph(xadj=xadj, adjncy=both % N, weight=w)
 
 
 def run_metis(agg: AggregatedGraph, num_parts: int, vweights: Optional[Tensor] = None,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Dict, Optional, Union
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -69,21 +69,41 @@ def split_by_owner(owner: Tensor, num_parts: int) -> list:
     return list(torch.split(order, counts.tolist()))
 
 
+def _owned_rows(owner: Tensor, r: int, chunk: int = 1 << 22) -> Tensor:
+    """Positions ``i`` with ``owner[i] == r``, increasing, found chunk by chunk (no
+    full-size temporary but the result)."""
+    found = [torch.nonzero(owner[a:a + chunk] == r).view(-1) + a for a in range(0, owner.numel(), chunk)]
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.long)
+
+
+def _touching_rows(src_owner: Tensor, dst_owner: Tensor, r: int, chunk: int = 1 << 22) -> Tensor:
+    """Positions of the events with an endpoint owned by ``r``, increasing."""
+    found = [torch.nonzero((src_owner[a:a + chunk] == r) | (dst_owner[a:a + chunk] == r)).view(-1) + a
+             for a in range(0, src_owner.numel(), chunk)]
+    return torch.cat(found) if found else torch.zeros(0, dtype=torch.long)
+
+
 def _part_payload(graph: TemporalGraph, node_ids: Tensor, event_idx: Tensor,
-                  touching: Tensor) -> Dict[str, Dict]:
+                  touching: Tensor) -> Iterator[Tuple[str, Dict]]:
+    """The three files of a part, built one at a time (a generator), so at most one
+    file's tensors are held besides the graph."""
     eid = graph.eid[event_idx]
-    nodes = {"ids": node_ids.clone(),
-             "node_feat": None if graph.node_feat is None else graph.node_feat[node_ids]}
+    yield "nodes.pt", {"ids": node_ids.clone(),
+                       "node_feat": None if graph.node_feat is None else graph.node_feat[node_ids]}
+    # src and dst as the two rows of one [2, e] tensor: saved as one storage, they load as
+    # views of it, and partition_load's edge_index is that tensor (no copy)
+    ends = torch.stack([graph.src[event_idx], graph.dst[event_idx]])
     events = {
-        "src": graph.src[event_idx], "dst": graph.dst[event_idx], "t": graph.t[event_idx],
+        "src": ends[0], "dst": ends[1], "t": graph.t[event_idx],
         "eid": eid,
         "edge_attr": None if graph.edge_attr is None else graph.edge_attr[eid],
         "labels": None if graph.labels is None else graph.labels[event_idx],
         "masks": {k: graph.masks[k][event_idx] for k in MASK_NAMES},
     }
-    sample = {"src": graph.src[touching], "dst": graph.dst[touching], "t": graph.t[touching],
-              "eid": graph.eid[touching]}
-    return {"nodes.pt": nodes, "events.pt": events, "sample_graph.pt": sample}
+    yield "events.pt", events
+    del events, ends, eid
+    yield "sample_graph.pt", {"src": graph.src[touching], "dst": graph.dst[touching],
+                              "t": graph.t[touching], "eid": graph.eid[touching]}
 
 
 def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[str, Path],
@@ -136,22 +156,24 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
     bar.set_postfix_str("statistics")
     stats = partition_stats(graph.src, graph.dst, owner, P)
     stats["seconds"] = round(seconds, 4)
-    event_owner = owner[graph.src]
-    dst_owner = owner[graph.dst]
+    # int32 owners (4 bytes an event each); a part's rows are found when it is written,
+    # so what is held besides the graph is O(E) int32 twice plus one part's tensors
+    owner32 = owner.to(torch.int32)
+    event_owner = owner32[graph.src]
+    dst_owner = owner32[graph.dst]
     node_parts = split_by_owner(owner, P)
-    event_parts = split_by_owner(event_owner, P)
     bar.update(1)
 
     with atomic_dir(dest, force=force) as tmp:
-        save_tensors(tmp / "book.pt", {"node_owner": owner.to(torch.int32),
-                                       "event_owner": event_owner.to(torch.int32)})
+        save_tensors(tmp / "book.pt", {"node_owner": owner32, "event_owner": event_owner})
         for r in range(P):
             bar.set_postfix_str(f"part {r}")
-            touching = torch.nonzero((event_owner == r) | (dst_owner == r)).view(-1)
             part = tmp / f"part_{r}"
             part.mkdir()
-            for fname, obj in _part_payload(graph, node_parts[r], event_parts[r], touching).items():
+            for fname, obj in _part_payload(graph, node_parts[r], _owned_rows(event_owner, r),
+                                            _touching_rows(event_owner, dst_owner, r)):
                 save_tensors(part / fname, obj)
+                del obj
             bar.update(1)
         bar.set_postfix_str("manifest")
         meta = {
