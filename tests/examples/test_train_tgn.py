@@ -13,7 +13,8 @@ from tgl_dist.ctdg.run import RunSetupError, ensure_partition
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "ctdg" / "train_tgn.py"
 KEYS = {"model", "data", "world_size", "epochs", "val_ap", "test_ap", "test_auc", "test_mrr",
-        "train_events_per_s", "peak_rss_mib"}
+        "train_events_per_s", "peak_rss_mib", "edgebank_val_ap", "edgebank_test_ap",
+        "edgebank_test_auc", "edgebank_test_mrr"}
 TINY = ["--num-nodes", "60", "--num-events", "1500", "--batch-size", "100", "--eval-neg", "3",
         "--epochs", "1", "--no-progress", "--threads", "1",
         "--device", "cpu"]  # the CPU path (tests/gpu covers the GPU one)
@@ -26,6 +27,7 @@ def _run(cmd, tmp_path):
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     out = json.loads(lines[-1])
     assert KEYS <= set(out), set(out) ^ KEYS
+    assert all(0.0 <= out[k] <= 1.0 for k in KEYS if k.startswith("edgebank_")), out
     return out
 
 
