@@ -75,12 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "when a process has <= 2 cores, where the thread only competes with "
                         "the model's threads: TGN on wikipedia, 2 cores, 16,600-16,800 "
                         "training events/s without it, 14,550 with 2; else 4)")
-    p.add_argument("--metrics-csv", type=file_path, default=None, help="per-epoch CSV (default: <parts>/<data>/metrics_<model>_<P>.csv)")
+    p.add_argument("--metrics-csv", type=file_path, default=None, help="per-epoch CSV (default: <out>/metrics.csv)")
     p.add_argument("--num-nodes", type=positive_int, default=None, help="synthetic: nodes")
     p.add_argument("--num-events", type=positive_int, default=None, help="synthetic: events")
     p.add_argument("--data-seed", type=seed_int, default=None, help="synthetic: generator seed")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    add_run_arguments(p)
+    add_run_arguments(p, run_folder=True)   # --out: the run folder
     return p
 
 
@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
                       queue_size=args.queue_size, metrics_csv=args.metrics_csv,
                       progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
                       checkpoint_every=every, checkpoint_keep_every=args.checkpoint_keep_every,
-                      resume=args.resume).fit()
+                      resume=args.resume, out=args.out).fit()
     if ctx.rank == 0:
         print(summary_json(summary), flush=True)
     ctx.shutdown()

@@ -2,6 +2,7 @@
 # named test_ctdg_trainer, not test_trainer: tests/dtdg/test_trainer.py holds that module
 # name, and the 2-rank worker below is pickled by its module's name
 import csv
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,3 +182,51 @@ def test_hooks_and_metric_names_are_checked(tmp_path):
     tr = Trainer(_config(1), "synthetic", on_epoch_end=lambda t, e, r: seen.append(e), **kw)
     tr.fit()                                   # one callable is a list of one
     assert seen == [0]
+
+
+def test_the_run_folder_holds_csv_summary_config_and_curves(tmp_path):
+    import json
+
+    import yaml
+
+    from tgl_dist.ctdg.curves import have_matplotlib
+    tr = Trainer(_config(1), "synthetic", parts=tmp_path / "parts", dataset_kwargs=SMALL,
+                 eval_neg=3, progress=False, out=tmp_path / "run")
+    out = tr.fit()
+    run = tmp_path / "run"
+    assert out["run_dir"] == str(run) and out["metrics_csv"] == str(run / "metrics.csv")
+    with open(run / "metrics.csv") as fh:
+        assert [r["epoch"] for r in csv.DictReader(fh)] == ["0"]
+    assert json.loads((run / "summary.json").read_text()) == json.loads(summary_json(out))
+    cfg = yaml.safe_load((run / "config.yml").read_text())
+    assert cfg["name"] == "tiny" and cfg["train"]["epoch"] == 1
+    assert cfg["run"]["data"] == "synthetic" and cfg["run"]["eval_neg"] == 3
+    if not have_matplotlib():
+        pytest.skip("matplotlib is not installed (pip install 'tgl_dist[plot]'): no curves.png")
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_default_run_folder_is_named_by_data_model_and_time(tmp_path, monkeypatch):
+    from tgl_dist.ctdg.run import make_run_dir
+    monkeypatch.chdir(tmp_path)
+    a = make_run_dir(None, "synthetic", "TGN")
+    b = make_run_dir(None, "synthetic", "TGN")   # (in the same second: "-2" appended)
+    assert a.parent == Path("runs") and a.name.startswith("synthetic_TGN_") and a.is_dir()
+    assert b != a and b.is_dir() and b.name.startswith("synthetic_TGN_")
+    assert make_run_dir(tmp_path / "mine", "x", "y") == tmp_path / "mine"
+
+
+def test_without_matplotlib_the_run_works_and_says_how_to_get_plots(tmp_path, monkeypatch,
+                                                                     caplog):
+    import tgl_dist.ctdg.trainer as trainer_mod
+    monkeypatch.setattr(trainer_mod, "have_matplotlib", lambda: False)
+    monkeypatch.setattr(trainer_mod, "_PLOT_HINTED", False)
+    caplog.set_level("INFO", logger="tgl_dist.ctdg.trainer")
+    for name in ("r1", "r2"):
+        Trainer(_config(1), "synthetic", parts=tmp_path / "parts", dataset_kwargs=SMALL,
+                eval_neg=3, progress=False, out=tmp_path / name).fit()
+        assert (tmp_path / name / "summary.json").is_file()
+        assert not (tmp_path / name / "curves.png").exists()
+    hints = [r for r in caplog.records if 'pip install "tgl_dist[plot]"' in r.getMessage()]
+    assert len(hints) == 1   # once per process
+    assert any("(EdgeBank " in r.getMessage() for r in caplog.records)

@@ -29,7 +29,8 @@ from torch import nn
 from tgl_dist.checkpoint import RunCheckpoint, capture, config_dict, partition_identity, restore
 from tgl_dist.ctdg.builder import build_model
 from tgl_dist.ctdg.config import ModelConfig
-from tgl_dist.ctdg.run import RunSetupError, ensure_partition, split_batch
+from tgl_dist.ctdg.curves import CURVES, PLOT_HINT, have_matplotlib, plot_runs, read_run
+from tgl_dist.ctdg.run import RunSetupError, ensure_partition, make_run_dir, split_batch
 from tgl_dist.ctdg.training import run_epoch
 from tgl_dist.dist import all_gather_v, broadcast_parameters, new_group, world
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
@@ -134,7 +135,10 @@ class Trainer:
         checkpoint_dir, checkpoint_every, checkpoint_keep_every, resume: versioned
             checkpoints (``'500'`` steps or ``'1e'`` epochs; one after the last epoch); a
             resumed run ends exactly as one that never stopped.
-        metrics_csv: per-epoch CSV (default ``<parts>/<name>/metrics_<model>_<P>.csv``).
+        out: the run folder (default ``runs/<name>_<model>_<timestamp>``, rank 0's time):
+            ``metrics.csv``, ``summary.json``, ``config.yml`` (the resolved config and
+            the run's settings) and ``curves.png`` (with matplotlib installed).
+        metrics_csv: per-epoch CSV (default ``<out>/metrics.csv``).
         progress: tqdm bars on rank 0. eval_neg: negatives per positive for MRR.
         seed: parameters, negatives, chunk offsets. sampling_mode: ``'full'`` or
             ``'partitioned'``. queue_size: steps sampled ahead (default 0 on <= 2 cores).
@@ -154,6 +158,7 @@ class Trainer:
                  on_epoch_end: Optional[List[EpochHook]] = None,
                  checkpoint_dir: Optional[str] = None, checkpoint_every: Any = "1e",
                  checkpoint_keep_every: int = 0, resume: bool = False,
+                 out: Union[None, str, Path] = None,
                  metrics_csv: Optional[str] = None, progress: bool = True, eval_neg: int = 9,
                  seed: int = 0, sampling_mode: str = "full", queue_size: Optional[int] = None,
                  partition_algo: str = "metis_for_tgnn", repartition: bool = False,
@@ -224,8 +229,12 @@ class Trainer:
             run_meta={"partition": partition_identity(self.pdata.manifest),
                       "config": config_dict(config, drop=[("train", "epoch")]),
                       "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode})
-        self.csv_path = Path(metrics_csv or self.folder /
-                             f"metrics_{config.name}_{self.world_size}.csv")
+        self.run_dir = make_run_dir(out, self.folder.name, config.name)
+        self.csv_path = Path(metrics_csv or self.run_dir / "metrics.csv")
+        self.run_settings = {"data": self.folder.name, "world_size": self.world_size,
+                             "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode,
+                             "partition_algo": partition_algo, "batch_size": self.batch_size,
+                             "metrics_csv": str(self.csv_path)}
         # the loop's state (what a checkpoint holds besides the modules and the mailbox)
         self.history: List[Dict[str, Any]] = []
         self.best: Optional[Dict[str, Any]] = None
@@ -336,6 +345,7 @@ class Trainer:
             except OSError as e:
                 raise RunSetupError(f"--metrics-csv {self.csv_path}: cannot be written "
                                     f"({e.strerror or e})") from None
+            self._write_config()
             writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
             writer.writeheader()
             for row in self.history:   # a resumed run rewrites the epochs it restored
@@ -352,7 +362,35 @@ class Trainer:
         out = self.summary()
         if self.rank == 0:
             _log_result(out)
+            self._write_results(out)
         return out
+
+    def _write_config(self) -> None:
+        """``config.yml`` in the run folder: the resolved config and the run's settings."""
+        import yaml
+        cfg = json.loads(json.dumps({"name": self.config.name, **config_dict(self.config),
+                                     "run": self.run_settings}, default=str))
+        (self.run_dir / "config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    def _write_results(self, out: Mapping[str, Any]) -> None:
+        """``summary.json`` and, with matplotlib, ``curves.png`` in the run folder."""
+        (self.run_dir / "summary.json").write_text(summary_json(out) + "\n")
+        global _PLOT_HINTED
+        if not have_matplotlib():
+            if not _PLOT_HINTED:
+                log.info("no training curves (%s): matplotlib is not installed; %s",
+                         self.run_dir / CURVES, PLOT_HINT)
+                _PLOT_HINTED = True
+            return
+        try:
+            run = read_run(self.run_dir)
+            run["rows"] = [{k: float(v) if isinstance(v, (int, float)) else float("nan")
+                            for k, v in r.items()} for r in self.history]
+            plot_runs([run], self.run_dir / CURVES,
+                      f"{out['model']} on {out['data']}, {self.world_size} "
+                      f"process{'es' if self.world_size > 1 else ''}")
+        except Exception as e:   # a plot never fails the run
+            log.warning("could not draw %s: %s: %s", self.run_dir / CURVES, type(e).__name__, e)
 
     def _epochs(self, writer, fh) -> None:
         last = self.config.train.epoch - 1
@@ -419,7 +457,7 @@ class Trainer:
                "device": str(self.device),
                "backend": getattr(self.context, "backend", None),
                "batch_size": self.batch_size, "partition_algo": self.partition_algo,
-               "metrics_csv": str(self.csv_path),
+               "metrics_csv": str(self.csv_path), "run_dir": str(self.run_dir),
                "checkpoint_version": self.checkpoint.last_version}
         out.update({f"{s}_{k}": best.get(f"{s}_{k}") for k in self.extra_metrics
                     for s in ("val", "test")})
@@ -439,6 +477,7 @@ class Trainer:
 
 
 ADVICE = "docs/training.md#when-edgebank-wins"
+_PLOT_HINTED = False   # the missing-matplotlib hint is logged once per process
 
 
 def _log_result(out: Mapping[str, Any]) -> None:
