@@ -90,11 +90,17 @@ def file_path(text: str) -> str:
     return text
 
 
-def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps") -> None:
+def add_run_arguments(p: argparse.ArgumentParser, step: str = "training steps",
+                      run_folder: bool = False) -> None:
     """The options every training script shares: ``--device``, ``--backend``,
     ``--timeout`` and the checkpoint ones (``--checkpoint-dir``, ``--checkpoint-every``,
     ``--checkpoint-keep-every``, ``--resume``); ``step`` names what
-    ``--checkpoint-every N`` counts. :func:`init_context` reads the first three."""
+    ``--checkpoint-every N`` counts. :func:`init_context` reads the first three.
+    ``run_folder``: also ``--out`` (the run folder of :class:`tgl_dist.ctdg.Trainer`)."""
+    if run_folder:
+        p.add_argument("--out", type=folder_path, default=None,
+                       help="run folder: metrics.csv, summary.json, config.yml, curves.png "
+                            "(default: runs/<data>_<model>_<timestamp>)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model and the node state live: cuda:<local rank> "
                         "(auto: when CUDA is available) or cpu")

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-nodes", type=positive_int, default=None, help="synthetic: nodes")
     p.add_argument("--num-events", type=positive_int, default=None, help="synthetic: events")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    add_run_arguments(p)
+    add_run_arguments(p, run_folder=True)   # --out: the run folder
     return p
 
 
@@ -138,7 +138,7 @@ def main(argv=None) -> dict:
         context=ctx, root=args.root, dataset_kwargs=data_kw, partition_algo="hash",
         seed=args.seed, progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=every, checkpoint_keep_every=args.checkpoint_keep_every,
-        resume=args.resume)
+        resume=args.resume, out=args.out)
     summary = trainer.fit()
     if ctx.rank == 0:
         print(summary_json(summary), flush=True)

@@ -49,38 +49,38 @@ from tgl_dist.ctdg import ConfigError, Trainer, load_config, summary_json  # noq
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=HelpFormatter)
+    models = sorted(f.stem for f in (REPO / "configs").glob("*.yml"))   # the shipped configs
+    tr = load_config(REPO / "configs" / "TGN.yml").train
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--data", default="synthetic", help="dataset name or file path")
     p.add_argument("--format", default=None, help="file format of a path (default: inferred)")
     p.add_argument("--root", default=None, help="folder of the named datasets (default: "
                    "$TGL_DIST_DATASETS, else ~/.cache/tgl_dist/datasets)")
-    p.add_argument("--config", default=str(REPO / "configs" / "TGN.yml"), help="TGL-style YAML config")
+    p.add_argument("--config", default=str(REPO / "configs" / "TGN.yml"), help="TGL-style YAML config; the "
+                   f"shipped models: configs/<NAME>.yml, NAME one of {', '.join(models)}")
     p.add_argument("--parts", type=folder_path, default="parts", help="partition root (OUT of python -m tgl_dist.partition)")
     p.add_argument("--partition-algo", default="metis_for_tgnn", help="partitioner used on first use")
     p.add_argument("--repartition", action="store_true", help="partition again even if a partition exists")
-    p.add_argument("--epochs", type=positive_int, default=None, help="override train.epoch")
+    p.add_argument("--epochs", type=positive_int, default=None, help=f"epochs (default: the config's train.epoch, "
+                   f"{tr.epoch} in TGN.yml; early stopping after train.patience, {tr.patience}, epochs without a better val AP)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="override train.batch_size (events per step over ALL ranks)")
     p.add_argument("--lr", type=positive_float, default=None, help="override train.lr")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of parameters and negatives")
-    p.add_argument("--patience", type=positive_int, default=None,
-                   help="early stopping on validation AP (override train.patience, default 5)")
+    p.add_argument("--patience", type=positive_int, default=None, help=f"early stopping on val AP (override train.patience: {tr.patience} in TGN.yml)")
     p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test)")
     p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
                    help="replicated T-CSR or per-owner sampling requests")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads per process")
     p.add_argument("--queue-size", type=non_negative_int, default=None,
-                   help="steps the loader samples ahead in a background thread (default: 0 "
-                        "when a process has <= 2 cores, where the thread only competes with "
-                        "the model's threads: TGN on wikipedia, 2 cores, 16,600-16,800 "
-                        "training events/s without it, 14,550 with 2; else 4)")
-    p.add_argument("--metrics-csv", type=file_path, default=None, help="per-epoch CSV (default: <parts>/<data>/metrics_<model>_<P>.csv)")
+                   help="steps the loader samples ahead in a background thread (default: 0 when a process has <= 2 "
+                        "cores, where the thread only competes with the model's threads, see benchmarks/RESULTS.md; else 4)")
+    p.add_argument("--metrics-csv", type=file_path, default=None, help="per-epoch CSV (default: <out>/metrics.csv)")
     p.add_argument("--num-nodes", type=positive_int, default=None, help="synthetic: nodes")
     p.add_argument("--num-events", type=positive_int, default=None, help="synthetic: events")
     p.add_argument("--data-seed", type=seed_int, default=None, help="synthetic: generator seed")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    add_run_arguments(p)
+    add_run_arguments(p, run_folder=True)   # --out: the run folder
     return p
 
 
@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
                       queue_size=args.queue_size, metrics_csv=args.metrics_csv,
                       progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
                       checkpoint_every=every, checkpoint_keep_every=args.checkpoint_keep_every,
-                      resume=args.resume).fit()
+                      resume=args.resume, out=args.out).fit()
     if ctx.rank == 0:
         print(summary_json(summary), flush=True)
     ctx.shutdown()

@@ -2,6 +2,7 @@
 # named test_ctdg_trainer, not test_trainer: tests/dtdg/test_trainer.py holds that module
 # name, and the 2-rank worker below is pickled by its module's name
 import csv
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,6 +117,7 @@ def _two_ranks(parts):
         s = tr.fit()
         out[key] = (tr.batch_size, tr.per_rank_batch, tr.loaders["train"].window,
                     len(tr.loaders["train"]), s["test_ap"])
+        out[key + "_edgebank"] = {k: v for k, v in s.items() if k.startswith("edgebank_")}
     return out
 
 
@@ -126,6 +128,48 @@ def test_two_ranks_split_the_global_batch_and_multiply_the_local_one(tmp_path):
     # batch_size 100 over 2 ranks: 50 each, windows of 100 events; local 50: the same run
     assert r0["global"][:4] == r0["local"][:4] == (100, 50, 100, 7)
     assert r0["global"][4] == r0["local"][4]
+    # EdgeBank on the model's val/test negatives: 2 ranks give the figures of 1
+    cfg = parse_config({**_raw(), "train": {"epoch": 1, "batch_size": 100}})
+    one = Trainer(cfg, "synthetic", parts=tmp_path / "parts1", dataset_kwargs=SMALL,
+                  partition_algo="hash", progress=False).fit()
+    eb1 = {k: v for k, v in one.items() if k.startswith("edgebank_")}
+    assert set(eb1) == {"edgebank_val_ap", "edgebank_test_ap", "edgebank_test_auc",
+                        "edgebank_test_mrr"}
+    assert r0["global_edgebank"] == pytest.approx(eb1, abs=1e-12), (r0, eb1)
+    assert r0["local_edgebank"] == r0["global_edgebank"]
+
+
+def test_edgebank_once_per_run_on_the_model_negatives(tmp_path):
+    """EdgeBank's figures: in [0, 1], from the first epoch's passes only (the evaluation
+    negatives are the same every epoch), equal to evaluate_edgebank on the val and test
+    splits with the loader's negatives and the evaluation batches."""
+    from tgl_dist.metrics import EdgeBank, EdgeBankMetrics
+    tr = Trainer(_config(2), "synthetic", parts=tmp_path / "parts", dataset_kwargs=SMALL,
+                 eval_neg=3, progress=False)
+    out = tr.fit()
+    for k in ("val_ap", "test_ap", "test_auc", "test_mrr"):
+        assert 0.0 <= out[f"edgebank_{k}"] <= 1.0, out
+    assert tr._eb_bank is None   # the bank is dropped after the first epoch
+    bank = EdgeBank()
+    tr_ev = tr.loaders["train"].data
+    bank.update(tr_ev.src, tr_ev.dst)
+    ref = {}
+    for split in ("val", "test"):
+        ld = tr.loaders[split]
+        ld.set_epoch(5)   # another epoch: the same negatives
+        src, dst, neg, step = [], [], [], []
+        for i, (roots, _, meta, _) in enumerate(ld):
+            B, k = meta["num_pos"], meta["neg_k"]
+            src.append(roots.src), dst.append(roots.dst)
+            neg.append(roots.extra["neg_dst"].view(k, B).t())
+            step.append(torch.full((B,), i))
+        m = EdgeBankMetrics(bank)
+        m.update(torch.cat(step), torch.cat(src), torch.cat(dst), torch.cat(neg))
+        ref[split] = m.compute(None)
+    tr.close()
+    assert out["edgebank_val_ap"] == pytest.approx(ref["val"]["ap"], abs=1e-9)
+    assert out["edgebank_test_ap"] == pytest.approx(ref["test"]["ap"], abs=1e-9)
+    assert out["edgebank_test_mrr"] == pytest.approx(ref["test"]["mrr"], abs=1e-9)
 
 
 def test_hooks_and_metric_names_are_checked(tmp_path):
@@ -138,3 +182,51 @@ def test_hooks_and_metric_names_are_checked(tmp_path):
     tr = Trainer(_config(1), "synthetic", on_epoch_end=lambda t, e, r: seen.append(e), **kw)
     tr.fit()                                   # one callable is a list of one
     assert seen == [0]
+
+
+def test_the_run_folder_holds_csv_summary_config_and_curves(tmp_path):
+    import json
+
+    import yaml
+
+    from tgl_dist.ctdg.curves import have_matplotlib
+    tr = Trainer(_config(1), "synthetic", parts=tmp_path / "parts", dataset_kwargs=SMALL,
+                 eval_neg=3, progress=False, out=tmp_path / "run")
+    out = tr.fit()
+    run = tmp_path / "run"
+    assert out["run_dir"] == str(run) and out["metrics_csv"] == str(run / "metrics.csv")
+    with open(run / "metrics.csv") as fh:
+        assert [r["epoch"] for r in csv.DictReader(fh)] == ["0"]
+    assert json.loads((run / "summary.json").read_text()) == json.loads(summary_json(out))
+    cfg = yaml.safe_load((run / "config.yml").read_text())
+    assert cfg["name"] == "tiny" and cfg["train"]["epoch"] == 1
+    assert cfg["run"]["data"] == "synthetic" and cfg["run"]["eval_neg"] == 3
+    if not have_matplotlib():
+        pytest.skip("matplotlib is not installed (pip install 'tgl_dist[plot]'): no curves.png")
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_default_run_folder_is_named_by_data_model_and_time(tmp_path, monkeypatch):
+    from tgl_dist.ctdg.run import make_run_dir
+    monkeypatch.chdir(tmp_path)
+    a = make_run_dir(None, "synthetic", "TGN")
+    b = make_run_dir(None, "synthetic", "TGN")   # (in the same second: "-2" appended)
+    assert a.parent == Path("runs") and a.name.startswith("synthetic_TGN_") and a.is_dir()
+    assert b != a and b.is_dir() and b.name.startswith("synthetic_TGN_")
+    assert make_run_dir(tmp_path / "mine", "x", "y") == tmp_path / "mine"
+
+
+def test_without_matplotlib_the_run_works_and_says_how_to_get_plots(tmp_path, monkeypatch,
+                                                                     caplog):
+    import tgl_dist.ctdg.trainer as trainer_mod
+    monkeypatch.setattr(trainer_mod, "have_matplotlib", lambda: False)
+    monkeypatch.setattr(trainer_mod, "_PLOT_HINTED", False)
+    caplog.set_level("INFO", logger="tgl_dist.ctdg.trainer")
+    for name in ("r1", "r2"):
+        Trainer(_config(1), "synthetic", parts=tmp_path / "parts", dataset_kwargs=SMALL,
+                eval_neg=3, progress=False, out=tmp_path / name).fit()
+        assert (tmp_path / name / "summary.json").is_file()
+        assert not (tmp_path / name / "curves.png").exists()
+    hints = [r for r in caplog.records if 'pip install "tgl_dist[plot]"' in r.getMessage()]
+    assert len(hints) == 1   # once per process
+    assert any("(EdgeBank " in r.getMessage() for r in caplog.records)

@@ -13,7 +13,8 @@ SCRIPT = REPO / "examples" / "ctdg" / "custom_model.py"
 KEYS = {"model", "data", "world_size", "epochs", "best_epoch", "val_ap", "val_auc", "test_ap",
         "test_auc", "test_mrr", "test_ap_batch_mean", "train_events_per_s",
         "train_events_per_cpu_s", "peak_rss_mib", "peak_rss_mib_per_rank", "device", "backend",
-        "batch_size", "partition_algo", "metrics_csv", "checkpoint_version"}
+        "batch_size", "partition_algo", "metrics_csv", "run_dir", "checkpoint_version",
+        "edgebank_val_ap", "edgebank_test_ap", "edgebank_test_auc", "edgebank_test_mrr"}
 SMALL = ["--num-nodes", "100", "--num-events", "3000", "--batch-size", "100", "--epochs", "3",
          "--no-progress", "--threads", "1", "--device", "cpu"]
 
@@ -24,6 +25,7 @@ def _run(cmd, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads([ln for ln in p.stdout.splitlines() if ln.strip()][-1])
     assert set(out) == KEYS, set(out) ^ KEYS
+    assert all(0.0 <= out[k] <= 1.0 for k in KEYS if k.startswith("edgebank_")), out
     return out
 
 

@@ -157,3 +157,17 @@ def test_train_tgn_rejects_bad_arguments(argv, message, tmp_path, capsys):
         parse_run_arguments(mod.build_parser(), [a.format(**fill) for a in argv])
     assert e.value.code == 2
     assert message.format(**fill) in capsys.readouterr().err
+
+
+def test_train_tgn_help_lists_the_models_the_epochs_default_and_no_figures():
+    mod = load_script(REPO / "examples" / "ctdg" / "train_tgn.py", "_help_models_train_tgn")
+    text = _help(mod.build_parser())
+    models = sorted(f.stem for f in (REPO / "configs").glob("*.yml"))
+    assert "TGN" in models and "JODIE" in models
+    assert f"shipped models: configs/<NAME>.yml, NAME one of {', '.join(models)}" in text
+    assert ("epochs (default: the config's train.epoch, 100 in TGN.yml; early stopping after "
+            "train.patience, 5, epochs without a better val AP)") in text
+    assert "override train.patience: 5 in TGN.yml" in text
+    queue = text.split("--queue-size", 2)[-1].split("--metrics-csv")[0]
+    assert "benchmarks/RESULTS.md" in queue and not re.search(r"\d,\d{3}|events/s", queue)
+    assert "--out" in text and "runs/<data>_<model>_<timestamp>" in text

@@ -13,7 +13,8 @@ from tgl_dist.ctdg.run import RunSetupError, ensure_partition
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "ctdg" / "train_tgn.py"
 KEYS = {"model", "data", "world_size", "epochs", "val_ap", "test_ap", "test_auc", "test_mrr",
-        "train_events_per_s", "peak_rss_mib"}
+        "train_events_per_s", "peak_rss_mib", "edgebank_val_ap", "edgebank_test_ap",
+        "edgebank_test_auc", "edgebank_test_mrr"}
 TINY = ["--num-nodes", "60", "--num-events", "1500", "--batch-size", "100", "--eval-neg", "3",
         "--epochs", "1", "--no-progress", "--threads", "1",
         "--device", "cpu"]  # the CPU path (tests/gpu covers the GPU one)
@@ -26,6 +27,7 @@ def _run(cmd, tmp_path):
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     out = json.loads(lines[-1])
     assert KEYS <= set(out), set(out) ^ KEYS
+    assert all(0.0 <= out[k] <= 1.0 for k in KEYS if k.startswith("edgebank_")), out
     return out
 
 
@@ -35,8 +37,14 @@ def test_plain_python_world_of_one(tmp_path):
     assert out["world_size"] == 1 and out["model"] == "TGN" and out["epochs"] == 1
     assert 0.0 <= out["test_ap"] <= 1.0 and 0.0 < out["test_mrr"] <= 1.0
     assert out["train_events_per_s"] > 0
-    rows = list(csv.DictReader(open(out["metrics_csv"])))
+    # the run folder (default runs/<data>_<model>_<time>/ under the working directory)
+    run = tmp_path / out["run_dir"]
+    assert run.parent == tmp_path / "runs" and run.name.startswith("synthetic_TGN_")
+    assert tmp_path / out["metrics_csv"] == run / "metrics.csv"
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
     assert len(rows) == 1 and float(rows[0]["val_ap"]) == pytest.approx(out["val_ap"], abs=1e-5)
+    assert json.loads((run / "summary.json").read_text()) == out
+    assert (run / "config.yml").is_file()
     # the partition was written on first use
     assert (tmp_path / "parts" / "synthetic" / "metis_for_tgnn_1" / "manifest.json").is_file()
 

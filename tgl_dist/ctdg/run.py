@@ -12,6 +12,7 @@ alone, e.g. in a hand-written loop::
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -113,6 +114,35 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
     if err:
         raise RunSetupError(err)
     return Path(folder)
+
+
+def make_run_dir(out: Union[None, str, Path], data: str, model: str,
+                 runs: Union[str, Path] = "runs") -> Path:
+    """The run folder (collective: every rank calls it): ``out``, or by default
+    ``<runs>/<data>_<model>_<timestamp>`` with rank 0's timestamp (``YYYYmmdd-HHMMSS``,
+    ``-2``, ``-3``... when that folder exists already) broadcast to the others. Rank 0
+    creates it; an error there (not writable) is raised on every rank as
+    :class:`RunSetupError`."""
+    r, w = world()
+    path, err = None, None
+    if r == 0:
+        try:
+            if out is None:
+                base = Path(runs) / f"{data}_{model}_{time.strftime('%Y%m%d-%H%M%S')}"
+                path, n = base, 1
+                while path.exists():
+                    n += 1
+                    path = base.with_name(f"{base.name}-{n}")
+            else:
+                path = Path(out)
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            err = f"--out {path}: cannot create the run folder ({e.strerror or e})"
+    if w > 1:
+        path, err = broadcast_object((path, err))
+    if err:
+        raise RunSetupError(err)
+    return Path(path)
 
 
 def split_batch(batch_size: int, world_size: int, reorder: int = 0) -> Tuple[int, Optional[int]]:

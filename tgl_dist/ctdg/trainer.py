@@ -29,13 +29,14 @@ from torch import nn
 from tgl_dist.checkpoint import RunCheckpoint, capture, config_dict, partition_identity, restore
 from tgl_dist.ctdg.builder import build_model
 from tgl_dist.ctdg.config import ModelConfig
-from tgl_dist.ctdg.run import RunSetupError, ensure_partition, split_batch
+from tgl_dist.ctdg.curves import CURVES, PLOT_HINT, have_matplotlib, plot_runs, read_run
+from tgl_dist.ctdg.run import RunSetupError, ensure_partition, make_run_dir, split_batch
 from tgl_dist.ctdg.training import run_epoch
 from tgl_dist.dist import all_gather_v, broadcast_parameters, new_group, world
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
 from tgl_dist.loader import DistributedDataLoader
 from tgl_dist.memory import SharedMailBox
-from tgl_dist.metrics import EarlyStopMonitor, LinkPredMetrics
+from tgl_dist.metrics import EarlyStopMonitor, EdgeBank, EdgeBankMetrics, LinkPredMetrics
 from tgl_dist.optim import build_optimizer
 from tgl_dist.partition import partition_load
 from tgl_dist.sampling import NegativeSampling, NeighborSampler
@@ -74,6 +75,30 @@ class _Scores:
             m.update(pos, neg, neg_k)
 
 
+class _Tap:
+    """The loader as ``run_epoch`` sees it, handing each step's positives and negatives to
+    EdgeBank's metrics on the way (the same step index on every rank)."""
+
+    def __init__(self, loader, eb: EdgeBankMetrics) -> None:
+        self._loader, self._eb = loader, eb
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self):
+        for step, item in enumerate(self._loader):
+            roots, _, meta, _ = item
+            B, k = int(meta["num_pos"]), int(meta["neg_k"])
+            if k:
+                ns = roots.extra.get("neg_src")
+                self._eb.update(step, roots.src, roots.dst, roots.extra["neg_dst"].view(k, B).t(),
+                                None if ns is None else ns.view(k, B).t())
+            yield item
+
+
 class Trainer:
     """Train a temporal link predictor on a dataset partitioned over the ranks.
 
@@ -110,7 +135,10 @@ class Trainer:
         checkpoint_dir, checkpoint_every, checkpoint_keep_every, resume: versioned
             checkpoints (``'500'`` steps or ``'1e'`` epochs; one after the last epoch); a
             resumed run ends exactly as one that never stopped.
-        metrics_csv: per-epoch CSV (default ``<parts>/<name>/metrics_<model>_<P>.csv``).
+        out: the run folder (default ``runs/<name>_<model>_<timestamp>``, rank 0's time):
+            ``metrics.csv``, ``summary.json``, ``config.yml`` (the resolved config and
+            the run's settings) and ``curves.png`` (with matplotlib installed).
+        metrics_csv: per-epoch CSV (default ``<out>/metrics.csv``).
         progress: tqdm bars on rank 0. eval_neg: negatives per positive for MRR.
         seed: parameters, negatives, chunk offsets. sampling_mode: ``'full'`` or
             ``'partitioned'``. queue_size: steps sampled ahead (default 0 on <= 2 cores).
@@ -130,6 +158,7 @@ class Trainer:
                  on_epoch_end: Optional[List[EpochHook]] = None,
                  checkpoint_dir: Optional[str] = None, checkpoint_every: Any = "1e",
                  checkpoint_keep_every: int = 0, resume: bool = False,
+                 out: Union[None, str, Path] = None,
                  metrics_csv: Optional[str] = None, progress: bool = True, eval_neg: int = 9,
                  seed: int = 0, sampling_mode: str = "full", queue_size: Optional[int] = None,
                  partition_algo: str = "metis_for_tgnn", repartition: bool = False,
@@ -200,8 +229,12 @@ class Trainer:
             run_meta={"partition": partition_identity(self.pdata.manifest),
                       "config": config_dict(config, drop=[("train", "epoch")]),
                       "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode})
-        self.csv_path = Path(metrics_csv or self.folder /
-                             f"metrics_{config.name}_{self.world_size}.csv")
+        self.run_dir = make_run_dir(out, self.folder.name, config.name)
+        self.csv_path = Path(metrics_csv or self.run_dir / "metrics.csv")
+        self.run_settings = {"data": self.folder.name, "world_size": self.world_size,
+                             "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode,
+                             "partition_algo": partition_algo, "batch_size": self.batch_size,
+                             "metrics_csv": str(self.csv_path)}
         # the loop's state (what a checkpoint holds besides the modules and the mailbox)
         self.history: List[Dict[str, Any]] = []
         self.best: Optional[Dict[str, Any]] = None
@@ -209,6 +242,10 @@ class Trainer:
         self.cpu_speeds: List[float] = []
         self.epoch, self.global_step, self.stopped = 0, 0, False
         self._start_step, self._partial = 0, None
+        # EdgeBank's val/test figures: computed in the first epoch this process runs (the
+        # evaluation negatives and windows are the same every epoch, see fit())
+        self.edgebank: Optional[Dict[str, float]] = None
+        self._eb_bank: Optional[EdgeBank] = None
         saved = self.checkpoint.load() if self.checkpoint.enabled else None
         if saved is not None:
             self.load_checkpoint_state(*saved)
@@ -221,7 +258,8 @@ class Trainer:
         the epoch's accumulators ``acc`` and training ``metrics``; ``meta`` is
         ``{'epoch', 'step', 'global_step', 'done'}`` (where :meth:`fit` continues)."""
         loop = {"history": self.history, "best": self.best, "stopper": self.stopper.state_dict(),
-                "speeds": self.speeds, "cpu_speeds": self.cpu_speeds}
+                "speeds": self.speeds, "cpu_speeds": self.cpu_speeds,
+                "edgebank": self.edgebank}
         part = None if acc is None else {"acc": dict(acc), "metrics": metrics.state_dict()}
         dense, shard = capture(self.model, self.optimizer, self.mailbox, self.rank, loop, part)
         return dense, shard, {"epoch": self.epoch, "step": step,
@@ -233,6 +271,7 @@ class Trainer:
         self.history, self.best = loop["history"], loop["best"]
         self.speeds, self.cpu_speeds = loop["speeds"], loop["cpu_speeds"]
         self.stopper.load_state_dict(loop["stopper"])
+        self.edgebank = loop.get("edgebank")   # None from older checkpoints: computed again
         self.epoch, self._start_step = int(meta["epoch"]), int(meta["step"])
         self.global_step, self.stopped = int(meta["global_step"]), bool(meta["done"])
 
@@ -254,6 +293,10 @@ class Trainer:
                 hook(self, epoch, split)
         loader = self.loaders[split]
         loader.set_epoch(epoch, first)
+        eb = None
+        if not train and self._eb_bank is not None:   # EdgeBank on the model's negatives
+            eb = EdgeBankMetrics(self._eb_bank)
+            loader = _Tap(loader, eb)
         bar = None
         if self.progress:
             from tqdm import tqdm
@@ -285,6 +328,9 @@ class Trainer:
                f"{split}_mrr": r.get("mrr", float("nan")),
                f"{split}_ap_batch_mean": res["ap_batch_mean"]}
         out.update({f"{split}_{k}": float(v.compute(None)) for k, v in extra.items()})
+        if eb is not None:   # collective; the bank then holds the split's positives too
+            r = eb.compute(None)
+            self.edgebank.update({f"{split}_{m}": float(r[m]) for m in ("ap", "auc", "mrr")})
         return out
 
     # ------------------------------------------------------------ the loop
@@ -299,6 +345,7 @@ class Trainer:
             except OSError as e:
                 raise RunSetupError(f"--metrics-csv {self.csv_path}: cannot be written "
                                     f"({e.strerror or e})") from None
+            self._write_config()
             writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
             writer.writeheader()
             for row in self.history:   # a resumed run rewrites the epochs it restored
@@ -312,7 +359,38 @@ class Trainer:
                 fh.close()
         # not on an error: a background producer may be in a collective with a dead peer
         self.close()
-        return self.summary()
+        out = self.summary()
+        if self.rank == 0:
+            _log_result(out)
+            self._write_results(out)
+        return out
+
+    def _write_config(self) -> None:
+        """``config.yml`` in the run folder: the resolved config and the run's settings."""
+        import yaml
+        cfg = json.loads(json.dumps({"name": self.config.name, **config_dict(self.config),
+                                     "run": self.run_settings}, default=str))
+        (self.run_dir / "config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    def _write_results(self, out: Mapping[str, Any]) -> None:
+        """``summary.json`` and, with matplotlib, ``curves.png`` in the run folder."""
+        (self.run_dir / "summary.json").write_text(summary_json(out) + "\n")
+        global _PLOT_HINTED
+        if not have_matplotlib():
+            if not _PLOT_HINTED:
+                log.info("no training curves (%s): matplotlib is not installed; %s",
+                         self.run_dir / CURVES, PLOT_HINT)
+                _PLOT_HINTED = True
+            return
+        try:
+            run = read_run(self.run_dir)
+            run["rows"] = [{k: float(v) if isinstance(v, (int, float)) else float("nan")
+                            for k, v in r.items()} for r in self.history]
+            plot_runs([run], self.run_dir / CURVES,
+                      f"{out['model']} on {out['data']}, {self.world_size} "
+                      f"process{'es' if self.world_size > 1 else ''}")
+        except Exception as e:   # a plot never fails the run
+            log.warning("could not draw %s: %s: %s", self.run_dir / CURVES, type(e).__name__, e)
 
     def _epochs(self, writer, fh) -> None:
         last = self.config.train.epoch - 1
@@ -324,8 +402,11 @@ class Trainer:
                 self.mailbox.reset()   # memory starts from zero; val continues train, test val
             row: Dict[str, Any] = {"epoch": epoch}
             for split in ("train", "val", "test"):
+                if split == "val" and self.edgebank is None:
+                    self._start_edgebank()
                 row.update(self.run_split(epoch, split))
                 self._partial = None
+            self._eb_bank = None
             row["epoch_s"] = time.perf_counter() - t_ep
             self.history.append(row)
             if self.best is None or row["val_ap"] > self.best["val_ap"]:
@@ -344,6 +425,15 @@ class Trainer:
                 self._save()
             if self.stopped:
                 log.info("early stop after epoch %d (best %d)", epoch, self.best["epoch"])
+
+    def _start_edgebank(self) -> None:
+        """EdgeBank's memory of the training pairs (each rank memorises its share, merged
+        over all ranks); the next val and test passes score it on the model's negatives."""
+        tr = self.loaders["train"].data
+        bank = EdgeBank()
+        bank.update(tr.src, tr.dst)
+        bank.sync(None)
+        self._eb_bank, self.edgebank = bank, {}
 
     def summary(self) -> Dict[str, Any]:
         """The run's summary (collective): the best epoch's validation and test figures,
@@ -367,10 +457,13 @@ class Trainer:
                "device": str(self.device),
                "backend": getattr(self.context, "backend", None),
                "batch_size": self.batch_size, "partition_algo": self.partition_algo,
-               "metrics_csv": str(self.csv_path),
+               "metrics_csv": str(self.csv_path), "run_dir": str(self.run_dir),
                "checkpoint_version": self.checkpoint.last_version}
         out.update({f"{s}_{k}": best.get(f"{s}_{k}") for k in self.extra_metrics
                     for s in ("val", "test")})
+        eb = self.edgebank or {}
+        out.update({f"edgebank_{k}": eb.get(k, float("nan"))
+                    for k in ("val_ap", "test_ap", "test_auc", "test_mrr")})
         if self.device.type == "cuda":
             gpu = torch.tensor([torch.cuda.max_memory_allocated(self.device) / 2**20],
                                dtype=torch.float64)
@@ -381,6 +474,24 @@ class Trainer:
         """Stop the loaders' background threads (``fit`` calls it at the end)."""
         for ld in self.loaders.values():
             ld.close()
+
+
+ADVICE = "docs/training.md#when-edgebank-wins"
+_PLOT_HINTED = False   # the missing-matplotlib hint is logged once per process
+
+
+def _log_result(out: Mapping[str, Any]) -> None:
+    """The run's last line, the model's test AP beside EdgeBank's, and a WARNING when the
+    trivial baseline wins."""
+    ap, eb = out["test_ap"], out.get("edgebank_test_ap", float("nan"))
+    log.info("best epoch %d: test AP %.4f (EdgeBank %.4f)  AUC %.4f (EdgeBank %.4f)  MRR %.4f "
+             "(EdgeBank %.4f)", out["best_epoch"], ap, eb, out["test_auc"],
+             out.get("edgebank_test_auc", float("nan")), out["test_mrr"],
+             out.get("edgebank_test_mrr", float("nan")))
+    if ap == ap and eb == eb and ap < eb:
+        log.warning("the model's test AP %.4f is below EdgeBank's %.4f (score 1 for a pair "
+                    "seen before): the model has not learnt more than repeated pairs; see %s "
+                    "for what to try (another config, more epochs)", ap, eb, ADVICE)
 
 
 def _hook_list(hooks: Any, name: str) -> List[Callable]:
