@@ -158,6 +158,33 @@ def init_context(args: argparse.Namespace):
                          f"{e}") from None
 
 
+def default_threads(world_size: int) -> int:
+    """Torch threads per process when ``--threads`` is not given: this machine's cores over
+    the ranks on this machine (``LOCAL_WORLD_SIZE``, which torchrun sets per node), so a
+    job over several machines gives each of its processes its machine's share, not the
+    cores over the whole world. Without torchrun, ``world_size`` processes are assumed on
+    this machine."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        ranks_here = int(local) if local else world_size
+    except ValueError:
+        raise ValueError(f"environment variable LOCAL_WORLD_SIZE={local!r} is not an integer "
+                         f"(launch with torchrun, which sets it)") from None
+    return max(1, (os.cpu_count() or 1) // max(ranks_here, 1))
+
+
+def start_run(args: argparse.Namespace, logger: str = "tgl_dist.ctdg.trainer"):
+    """What every training script does first: warnings from the library and INFO from
+    ``logger`` (the trainer's per-epoch lines) on stderr, :func:`init_context`, and
+    ``args.threads`` torch threads (default :func:`default_threads`). Returns the context."""
+    import torch
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger(logger).setLevel(logging.INFO)
+    ctx = init_context(args)
+    torch.set_num_threads(getattr(args, "threads", None) or default_threads(ctx.world_size))
+    return ctx
+
+
 def run_script(main: Callable[..., Any], *args, **kwargs) -> Any:
     """``main(*args, **kwargs)`` for a training script, with its expected failures ended
     cleanly: a :class:`PeerFailureError` (a peer rank died; its own error is in its log,

@@ -22,8 +22,6 @@ checkpoints, the CSV and the JSON summary) is the Trainer's.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -36,7 +34,7 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, folder_path,  # noqa: E402
-                          init_context, parse_run_arguments, positive_float, positive_int,
+                          start_run, parse_run_arguments, positive_float, positive_int,
                           run_script, seed_int)
 from tgl_dist.ctdg import LinkPredOutput, Trainer, parse_config, summary_json  # noqa: E402
 
@@ -126,10 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     args, every = parse_run_arguments(build_parser(), argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("tgl_dist.ctdg.trainer").setLevel(logging.INFO)
-    ctx = init_context(args)
-    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // ctx.world_size))
+    ctx = start_run(args)   # logging, --device/--backend/--timeout, --threads (per node)
     data_kw = {k: v for k, v in (("num_nodes", args.num_nodes), ("num_events", args.num_events))
                if v is not None}
     trainer = Trainer(

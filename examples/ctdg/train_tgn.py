@@ -31,19 +31,15 @@ epoch, and ONE line of JSON on rank 0 at the end.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 from pathlib import Path
-
-import torch
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, file_path,  # noqa: E402
-                          folder_path, init_context, non_negative_int, parse_run_arguments,
+                          folder_path, start_run, non_negative_int, parse_run_arguments,
                           positive_float, positive_int, run_script, seed_int)
 from tgl_dist.ctdg import ConfigError, Trainer, load_config, summary_json  # noqa: E402
 
@@ -71,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test)")
     p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
                    help="replicated T-CSR or per-owner sampling requests")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads per process")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads per process (default: the cores over the ranks on this machine)")
     p.add_argument("--queue-size", type=non_negative_int, default=None,
                    help="steps the loader samples ahead in a background thread (default: 0 when a process has <= 2 "
                         "cores, where the thread only competes with the model's threads, see benchmarks/RESULTS.md; else 4)")
@@ -86,11 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     args, every = parse_run_arguments(build_parser(), argv)
-    # the library logs warnings only; the trainer's per-epoch lines are INFO
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("tgl_dist.ctdg.trainer").setLevel(logging.INFO)
-    ctx = init_context(args)   # --device, --backend, --timeout
-    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // ctx.world_size))
+    ctx = start_run(args)   # logging, --device/--backend/--timeout, --threads (per node)
     cfg = load_config(args.config)
     for key, flag in (("epoch", "--epochs"), ("batch_size", "--batch-size"), ("lr", "--lr"),
                       ("patience", "--patience")):   # a bad override names the flag

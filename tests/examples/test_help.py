@@ -171,3 +171,23 @@ def test_train_tgn_help_lists_the_models_the_epochs_default_and_no_figures():
     queue = text.split("--queue-size", 2)[-1].split("--metrics-csv")[0]
     assert "benchmarks/RESULTS.md" in queue and not re.search(r"\d,\d{3}|events/s", queue)
     assert "--out" in text and "runs/<data>_<model>_<timestamp>" in text
+
+
+def test_threads_default_is_the_machines_cores_over_its_own_ranks(monkeypatch):
+    """``--threads`` defaults from the ranks on this machine (torchrun's LOCAL_WORLD_SIZE),
+    not from the world size: two machines of 2 ranks each give each rank half its
+    machine's cores, not a quarter."""
+    import os
+
+    import pytest
+
+    from tgl_dist.cli import default_threads
+    cores = os.cpu_count() or 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_threads(1) == cores
+    assert default_threads(4) == max(1, cores // 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert default_threads(4) == max(1, cores // 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE"):
+        default_threads(4)
