@@ -358,7 +358,6 @@ class DistEmbedding(nn.Module):
     #: per-rank state (each rank its own rows): never broadcast or all-reduced
     #: (:func:`tgl_dist.dist.parallel.sharded_state_keys`)
     sharded_state_keys = ("weight", "owned_ids")
-    _STATE_KEYS = sharded_state_keys
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
@@ -377,9 +376,9 @@ class DistEmbedding(nn.Module):
                                       missing_keys, [], error_msgs)
         for k in state_dict:
             rest = k[len(prefix):]
-            if k.startswith(prefix) and "." not in rest and rest not in self._STATE_KEYS:
+            if k.startswith(prefix) and "." not in rest and rest not in self.sharded_state_keys:
                 unexpected_keys.append(k)
-        missing = [prefix + k for k in self._STATE_KEYS if prefix + k not in state_dict]
+        missing = [prefix + k for k in self.sharded_state_keys if prefix + k not in state_dict]
         if missing:
             missing_keys.extend(missing)
             return
