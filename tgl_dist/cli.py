@@ -7,7 +7,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
 from tgl_dist.checkpoint.manager import CheckpointError
 from tgl_dist.checkpoint.recovery import Every
@@ -131,6 +131,7 @@ def parse_run_arguments(p: argparse.ArgumentParser, argv: Optional[List[str]] = 
     """``p.parse_args(argv)`` and the checkpoint schedule of :func:`add_run_arguments`'
     options: ``(args, Every)``. A bad ``--checkpoint-every``, or ``--resume`` without
     ``--checkpoint-dir``, exits with the parser's usage error."""
+    quiet_usage_errors(p)
     args = p.parse_args(argv)
     try:
         every = Every.parse(args.checkpoint_every)
@@ -192,14 +193,107 @@ def run_script(main: Callable[..., Any], *args, **kwargs) -> Any:
     code 1 (tearing the broken process group down at interpreter exit may abort); a
     :class:`CheckpointError` (``--resume`` from another run's shape, a corrupt file) or
     any other of the package's errors about the user's input (a bad config field, a
-    malformed data file, a missing partition: :class:`TGLDistError`) exits with
-    ``error: ...`` naming the file and field, and no stack trace."""
+    malformed data file, a missing partition: :class:`TGLDistError`), and a script's own
+    ``SystemExit("error: ...")``, end with ``error: ...`` naming the file and field, and
+    no stack trace.
+
+    Under torchrun (:func:`fail`) the message is printed once for the job: by rank 0, and
+    by another rank only when its message differs from rank 0's; every rank also writes
+    it to torchrun's error file, so torchrun's failure summary shows it as each failed
+    rank's cause instead of "To enable traceback see ..."."""
     try:
         return main(*args, **kwargs)
     except PeerFailureError as e:
         log.error("%s", e)
+        _error_file(f"error: {e}")
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)
     except (CheckpointError, TGLDistError) as e:
-        raise SystemExit(f"error: {e}") from None
+        fail(f"error: {e}")
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            fail(e.code)
+        raise
+
+
+def _env_rank() -> Optional[int]:
+    """This process's global rank as torchrun sets it (``RANK``), or ``None``."""
+    try:
+        return int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _error_file(message: str) -> None:
+    """Write ``message`` to torchrun's per-rank error file (``TORCHELASTIC_ERROR_FILE``),
+    which its failure summary prints as the rank's ``traceback`` line."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import time
+    try:
+        with open(path, "w") as fh:
+            json.dump({"message": message, "timestamp": int(time.time())}, fh)
+    except OSError:   # the summary then says "To enable traceback see ..."; not worth failing
+        pass
+
+
+def _same_as_rank0(rank: int, message: str, wait_s: float = 3.0) -> bool:
+    """Whether rank 0 failed with ``message`` too, read from the process group's store
+    (rank 0 posts its message there in :func:`fail`); ``False`` when there is no group or
+    rank 0 posted nothing within ``wait_s`` seconds."""
+    import datetime
+
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        return False
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if rank == 0:
+            store.set("tgl_dist/error", message)
+            return False
+        store.wait(["tgl_dist/error"], datetime.timedelta(seconds=wait_s))
+        return store.get("tgl_dist/error").decode() == message
+    except Exception:   # a dead store, a timeout: say it ourselves
+        return False
+
+
+def fail(message: str) -> NoReturn:
+    """End this process with ``message`` (``SystemExit``: printed to stderr, exit code 1),
+    once per job under torchrun: rank 0 says it; another rank says it (prefixed
+    ``[rank R]``) only when rank 0 did not fail with the same message (compared through
+    the process group's store; before the group exists only rank 0 speaks, as every rank
+    parsed the same command line), else exits 1 quietly. Under torchrun every rank also
+    writes it to its error file (torchrun's failure summary prints it)."""
+    rank = _env_rank()
+    if rank is None:   # not under torchrun
+        raise SystemExit(message)
+    _error_file(message)
+    same = _same_as_rank0(rank, message)
+    if rank == 0:
+        raise SystemExit(message)
+    if not same and _group_exists():
+        raise SystemExit(f"[rank {rank}] {message}")
+    raise SystemExit(1)
+
+
+def _group_exists() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+def quiet_usage_errors(p: argparse.ArgumentParser) -> None:
+    """Under torchrun, ranks other than 0 exit on a command-line error without printing
+    the usage message again (every rank parses the same command line); each writes it to
+    torchrun's error file."""
+    rank = _env_rank()
+
+    def error(message: str):
+        _error_file(f"{p.prog}: error: {message}")
+        if rank in (None, 0):
+            p.print_usage(sys.stderr)
+            p.exit(2, f"{p.prog}: error: {message}\n")
+        p.exit(2)
+    p.error = error   # type: ignore[method-assign]

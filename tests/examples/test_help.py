@@ -1,5 +1,7 @@
 """``--help`` of the example scripts: every default said once, none for unset options."""
 import argparse
+import os
+import sys
 import re
 from pathlib import Path
 
@@ -191,3 +193,49 @@ def test_threads_default_is_the_machines_cores_over_its_own_ranks(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE"):
         default_threads(4)
+
+
+def test_torchrun_prints_a_users_error_once_and_names_it_as_the_root_cause(tmp_path):
+    """Under torchrun with 2 ranks, a bad input file gives ONE ``error: ...`` line (rank
+    0's; rank 1 has the same message and stays quiet) and torchrun's failure summary shows
+    that message as each rank's cause (the error file), not "To enable traceback see"."""
+    import subprocess
+
+    from tgl_dist.testing import free_port
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        f"--master_port={free_port()}", str(REPO / "examples/ctdg/train_tgn.py"),
+                        "--data", str(bad), "--parts", str(tmp_path / "parts"),
+                        "--no-progress"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0
+    ours = [ln for ln in r.stderr.splitlines() if "error: DataFormatError" in ln]
+    printed = [ln for ln in ours if ln.startswith(("error:", "[rank"))]
+    assert len(printed) == 1 and printed[0].startswith("error: DataFormatError"), r.stderr
+    assert "bad.csv, line 1" in printed[0]
+    causes = [ln for ln in ours if ln.strip().startswith("traceback :")]
+    assert len(causes) == 2, r.stderr   # torchrun's summary: rank 0 (root cause) and rank 1
+    assert "To enable traceback" not in r.stderr
+
+
+def test_fail_on_another_rank_without_a_group_leaves_the_message_to_the_error_file(
+        tmp_path, monkeypatch):
+    """Before the process group exists, only rank 0 prints (every rank parsed the same
+    command line); rank 1's message still reaches torchrun's summary through its error file."""
+    import json
+
+    import pytest
+
+    from tgl_dist.cli import fail
+    err = tmp_path / "error.json"
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(err))
+    with pytest.raises(SystemExit) as e:
+        fail("error: something on rank 1")
+    assert e.value.code == 1    # quiet: exit status 1, nothing printed
+    assert json.loads(err.read_text())["message"] == "error: something on rank 1"
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as e:
+        fail("error: on rank 0")
+    assert e.value.code == "error: on rank 0"   # printed by the interpreter, exit status 1
