@@ -147,3 +147,33 @@ def test_two_processes_give_the_figures_of_one(tmp_path):
     for k, v in one.items():
         tol = 1e-12 if k.startswith("edgebank_") else 1e-6
         assert r0[k] == pytest.approx(v, abs=tol), (k, r0[k], v)
+
+
+def test_the_command_line_passes_the_strategies_through(tmp_path):
+    import argparse
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tgl_dist.cli import add_eval_strategies
+    p = argparse.ArgumentParser()
+    add_eval_strategies(p)
+    assert p.parse_args([]).eval_strategies == ("random",)
+    assert p.parse_args(["--eval-strategies", "random, inductive"]).eval_strategies == (
+        "random", "inductive")
+    with pytest.raises(SystemExit):
+        p.parse_args(["--eval-strategies", "random,hist"])
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    r = subprocess.run([sys.executable, str(repo / "examples" / "ctdg" / "train_tgn.py"),
+                        "--num-nodes", "60", "--num-events", "900", "--batch-size", "100",
+                        "--eval-neg", "3", "--epochs", "1", "--no-progress", "--threads", "1",
+                        "--device", "cpu", "--eval-strategies", "random,historical",
+                        "--parts", str(tmp_path / "parts"), "--out", str(tmp_path / "run")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert all(0.0 <= out[k] <= 1.0 for k in _keys("historical")), out
+    assert "test_ap_inductive" not in out
+    assert "historical negatives, best epoch 0: val AP" in r.stderr
