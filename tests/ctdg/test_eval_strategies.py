@@ -126,7 +126,7 @@ def _strategies_run(parts):
     # so the model's figures compare as EdgeBank's do
     tr = Trainer(_config(2, lr=1e-9), "synthetic", parts=parts, context=ctx,
                  dataset_kwargs=SMALL, partition_algo="hash", eval_neg=3, progress=False,
-                 eval_strategies=ALL)
+                 eval_strategies=ALL, out=parts + "_run")
     out = tr.fit()
     return {k: out[k] for s in ("historical", "inductive") for k in _keys(s)}
 
