@@ -152,8 +152,10 @@ class Trainer:
             ``'random'`` (the figures ``val_ap``, ``test_ap``...). For each other name
             ``s``, after the last epoch the best epoch's state is evaluated again on val
             then test with ``s`` negatives (:meth:`evaluate`): summary keys ``val_ap_<s>``,
-            ``test_ap_<s>``, ``test_auc_<s>``, ``test_mrr_<s>`` and EdgeBank's
-            ``edgebank_test_{ap,auc,mrr}_<s>`` on the same negatives.
+            ``test_ap_<s>``, ``test_auc_<s>``, ``test_mrr_<s>``, EdgeBank's
+            ``edgebank_test_{ap,auc,mrr}_<s>`` on the same negatives and the pass's
+            seconds ``eval_<s>_s``. The state is cloned in memory only then; NaN (and a
+            WARNING) when the best epoch ran before a resume (not in the checkpoint).
 
     ``fit()`` returns the summary (the keys ``train_tgn.py`` prints). Every rank must
     build the trainer and call ``fit()`` (collectives).
