@@ -68,6 +68,33 @@ def non_negative_float(text: str) -> float:
     return _number(text, float, "a non-negative finite number", lambda v: v >= 0)
 
 
+def strategy_list(text: str) -> Tuple[str, ...]:
+    """argparse ``type=``: a comma list of negative-sampling strategies
+    (``random,historical,inductive``)."""
+    from tgl_dist.sampling.negative import STRATEGIES
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in STRATEGIES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(STRATEGIES)}, "
+                                         f"got {text!r}")
+    return names
+
+
+def add_eval_strategies(p: argparse.ArgumentParser) -> None:
+    """``--eval-strategies``: DyGLib's negative-sampling protocols the run reports."""
+    p.add_argument("--eval-strategies", type=strategy_list, default=("random",),
+                   metavar="LIST",
+                   help="negative-sampling protocols of the reported evaluation, a comma list "
+                        "(DyGLib, docs/evaluation.md): random (destination uniform over the "
+                        "stream's destinations: the per-epoch val/test, model selection and "
+                        "early stopping always use it), historical (pairs seen before the "
+                        "batch, not in it), inductive (pairs first seen after the training "
+                        "(val) / validation (test) period). Each non-random one evaluates the "
+                        "best epoch's state again on val and test after the last epoch: "
+                        "summary keys val_ap_<s>, test_{ap,auc,mrr}_<s>, "
+                        "edgebank_test_{ap,auc,mrr}_<s>; default: random")
+
+
 def folder_path(text: str) -> str:
     """argparse ``type=``: a folder to read or create; refused when it, or the nearest of
     its parents that exists, is a file (creating it would fail)."""

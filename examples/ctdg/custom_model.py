@@ -36,6 +36,7 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, folder_path,  # noqa: E402
                           start_run, parse_run_arguments, positive_float, positive_int,
                           run_script, seed_int)
+from tgl_dist.cli import add_eval_strategies  # noqa: E402
 from tgl_dist.ctdg import LinkPredOutput, Trainer, parse_config, summary_json  # noqa: E402
 
 
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-nodes", type=positive_int, default=None, help="synthetic: nodes")
     p.add_argument("--num-events", type=positive_int, default=None, help="synthetic: events")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    add_eval_strategies(p)
     add_run_arguments(p, run_folder=True)   # --out: the run folder
     return p
 
@@ -133,7 +135,7 @@ def main(argv=None) -> dict:
         context=ctx, root=args.root, dataset_kwargs=data_kw, partition_algo="hash",
         seed=args.seed, progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=every, checkpoint_keep_every=args.checkpoint_keep_every,
-        resume=args.resume, out=args.out)
+        resume=args.resume, out=args.out, eval_strategies=args.eval_strategies)
     summary = trainer.fit()
     if ctx.rank == 0:
         print(summary_json(summary), flush=True)

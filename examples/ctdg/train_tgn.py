@@ -41,6 +41,7 @@ if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
 from tgl_dist.cli import (HelpFormatter, add_run_arguments, file_path,  # noqa: E402
                           folder_path, start_run, non_negative_int, parse_run_arguments,
                           positive_float, positive_int, run_script, seed_int)
+from tgl_dist.cli import add_eval_strategies  # noqa: E402
 from tgl_dist.ctdg import ConfigError, Trainer, load_config, summary_json  # noqa: E402
 
 
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=seed_int, default=0, help="seed of parameters and negatives")
     p.add_argument("--patience", type=positive_int, default=None, help=f"early stopping on val AP (override train.patience: {tr.patience} in TGN.yml)")
     p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test)")
+    add_eval_strategies(p)
     p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
                    help="replicated T-CSR or per-owner sampling requests")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -102,7 +104,8 @@ def main(argv=None) -> dict:
                       queue_size=args.queue_size, metrics_csv=args.metrics_csv,
                       progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
                       checkpoint_every=every, checkpoint_keep_every=args.checkpoint_keep_every,
-                      resume=args.resume, out=args.out).fit()
+                      resume=args.resume, out=args.out,
+                      eval_strategies=args.eval_strategies).fit()
     if ctx.rank == 0:
         print(summary_json(summary), flush=True)
     ctx.shutdown()

@@ -20,13 +20,14 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 from tgl_dist.checkpoint import RunCheckpoint, capture, config_dict, partition_identity, restore
+from tgl_dist.checkpoint.manager import rng_state, set_rng_state
 from tgl_dist.ctdg.builder import build_model
 from tgl_dist.ctdg.config import ModelConfig
 from tgl_dist.ctdg.curves import CURVES, PLOT_HINT, have_matplotlib, plot_runs, read_run
@@ -40,6 +41,7 @@ from tgl_dist.metrics import EarlyStopMonitor, EdgeBank, EdgeBankMetrics, LinkPr
 from tgl_dist.optim import build_optimizer
 from tgl_dist.partition import partition_load
 from tgl_dist.sampling import NegativeSampling, NeighborSampler
+from tgl_dist.sampling.negative import STRATEGIES
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,16 @@ class Trainer:
             ``'partitioned'``. queue_size: steps sampled ahead (default 0 on <= 2 cores).
         partition_algo, repartition, root, format, dataset_kwargs: how ``data`` is read
             and partitioned (``dataset_kwargs`` e.g. ``{'num_nodes': 60}`` for synthetic).
+        eval_strategies: DyGLib's negative-sampling protocols to report, names from
+            ``('random', 'historical', 'inductive')`` (:mod:`tgl_dist.sampling.negative`).
+            Training, the per-epoch validation, early stopping and the CSV always use
+            ``'random'`` (the figures ``val_ap``, ``test_ap``...). For each other name
+            ``s``, after the last epoch the best epoch's state is evaluated again on val
+            then test with ``s`` negatives (:meth:`evaluate`): summary keys ``val_ap_<s>``,
+            ``test_ap_<s>``, ``test_auc_<s>``, ``test_mrr_<s>``, EdgeBank's
+            ``edgebank_test_{ap,auc,mrr}_<s>`` on the same negatives and the pass's
+            seconds ``eval_<s>_s``. The state is cloned in memory only then; NaN (and a
+            WARNING) when the best epoch ran before a resume (not in the checkpoint).
 
     ``fit()`` returns the summary (the keys ``train_tgn.py`` prints). Every rank must
     build the trainer and call ``fit()`` (collectives).
@@ -163,8 +175,10 @@ class Trainer:
                  seed: int = 0, sampling_mode: str = "full", queue_size: Optional[int] = None,
                  partition_algo: str = "metis_for_tgnn", repartition: bool = False,
                  root: Optional[str] = None, format: Optional[str] = None,
-                 dataset_kwargs: Optional[Dict[str, Any]] = None) -> None:
+                 dataset_kwargs: Optional[Dict[str, Any]] = None,
+                 eval_strategies: Union[str, Sequence[str]] = ("random",)) -> None:
         self.config, self.context = config, context
+        self.eval_strategies = check_strategies(eval_strategies)
         self.extra_metrics = dict(metrics or {})
         taken = sorted(set(self.extra_metrics) & {"ap", "auc", "mrr", "ap_batch_mean"})
         if taken:
@@ -234,7 +248,8 @@ class Trainer:
         self.run_settings = {"data": self.folder.name, "world_size": self.world_size,
                              "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode,
                              "partition_algo": partition_algo, "batch_size": self.batch_size,
-                             "metrics_csv": str(self.csv_path)}
+                             "metrics_csv": str(self.csv_path),
+                             "eval_strategies": list(self.eval_strategies)}
         # the loop's state (what a checkpoint holds besides the modules and the mailbox)
         self.history: List[Dict[str, Any]] = []
         self.best: Optional[Dict[str, Any]] = None
@@ -246,6 +261,12 @@ class Trainer:
         # evaluation negatives and windows are the same every epoch, see fit())
         self.edgebank: Optional[Dict[str, float]] = None
         self._eb_bank: Optional[EdgeBank] = None
+        # the other negative-sampling protocols (see evaluate()): the state at the start of
+        # this epoch's val pass and that of the best epoch (epoch, model state, mailbox
+        # shard), kept in memory only when a non-random strategy is asked for
+        self._eval_state: Optional[Tuple[int, Dict[str, Any], Optional[Dict]]] = None
+        self._best_state: Optional[Tuple[int, Dict[str, Any], Optional[Dict]]] = None
+        self.strategy_results: Dict[str, float] = {}
         saved = self.checkpoint.load() if self.checkpoint.enabled else None
         if saved is not None:
             self.load_checkpoint_state(*saved)
@@ -354,6 +375,7 @@ class Trainer:
         try:
             with self.checkpoint.guard():  # a dead peer: PeerFailureError naming the position
                 self._epochs(writer, fh)
+                self._evaluate_strategies()
         finally:
             if fh is not None:
                 fh.close()
@@ -362,6 +384,7 @@ class Trainer:
         out = self.summary()
         if self.rank == 0:
             _log_result(out)
+            _log_strategies(out, self.eval_strategies)
             self._write_results(out)
         return out
 
@@ -404,6 +427,8 @@ class Trainer:
             for split in ("train", "val", "test"):
                 if split == "val" and self.edgebank is None:
                     self._start_edgebank()
+                if split == "val":
+                    self._capture_eval_state(epoch)
                 row.update(self.run_split(epoch, split))
                 self._partial = None
             self._eb_bank = None
@@ -411,6 +436,9 @@ class Trainer:
             self.history.append(row)
             if self.best is None or row["val_ap"] > self.best["val_ap"]:
                 self.best = dict(row)
+            if self.best["epoch"] == epoch:   # keep the best epoch's val-start state
+                self._best_state = self._eval_state
+            self._eval_state = None
             self.stopped = self.stopper.step(row["val_ap"])
             for hook in self.hooks:
                 hook(self, epoch, row)
@@ -434,6 +462,114 @@ class Trainer:
         bank.update(tr.src, tr.dst)
         bank.sync(None)
         self._eb_bank, self.edgebank = bank, {}
+
+    # ------------------------------------------- other negative-sampling protocols
+    def _capture_eval_state(self, epoch: int) -> None:
+        """Clone the model's state and this rank's mailbox shard at the start of ``epoch``'s
+        val pass (only when :meth:`evaluate` will be needed: a non-random strategy)."""
+        if all(s == "random" for s in self.eval_strategies):
+            return
+        self._eval_state = (epoch, *self._snapshot())
+
+    def _snapshot(self) -> Tuple[Dict[str, Any], Optional[Dict]]:
+        """``(model state, mailbox shard)``, cloned (this rank's sharded rows included)."""
+        model = {k: v.detach().clone() if torch.is_tensor(v) else v
+                 for k, v in self.model.state_dict().items()}
+        return model, None if self.mailbox is None else self.mailbox.state_dict()
+
+    def _load_snapshot(self, model: Dict[str, Any], mail: Optional[Dict]) -> None:
+        self.model.load_state_dict(model)
+        if self.mailbox is not None:
+            self.mailbox.load_state_dict(mail)
+
+    def _strategy_loader(self, split: str, strategy: str) -> DistributedDataLoader:
+        """An evaluation loader of ``split`` as ``self.loaders[split]``, whose negatives
+        follow ``strategy`` (collective: binding gathers the split's stream)."""
+        ref = self.loaders[split]
+        neg = NegativeSampling("triplet", strategy, self.eval_neg, seed=ref.neg_sampler.seed)
+        return DistributedDataLoader(self.graph, split, sampler=self.sampler, neg_sampler=neg,
+                                     batch_size=ref.batch_size, train=False,
+                                     mailbox=self.mailbox, seed=ref.seed,
+                                     queue_size=ref.queue_size, device=ref.device,
+                                     group=ref.group)   # idle meanwhile: its group is free
+
+    def evaluate(self, strategy: str = "random") -> Dict[str, float]:
+        """Evaluate the best epoch's state on val then test with ``strategy`` negatives.
+
+        The model's parameters and this rank's mailbox shard are set to what they were at
+        the start of the best epoch's val pass; val runs, then test continues its memory
+        (as in the epoch), with ``eval_neg`` negatives per positive drawn by ``strategy``
+        (``'random'``: the loaders of the epochs, so the figures are the best epoch's).
+        EdgeBank scores the same negatives, its bank the training pairs (val pairs added
+        before test). Afterwards the model, mailbox and RNG states are put back as they
+        were. ``on_evaluate`` hooks and custom ``metrics`` run as in an epoch (the epoch
+        is the best one). Every rank must call it (collectives).
+
+        Returns:
+            ``{'val_ap', 'val_auc', 'val_mrr', 'test_ap', 'test_auc', 'test_mrr', ...,
+            'edgebank_val_ap', ..., 'edgebank_test_mrr'}`` (floats; the keys of
+            :meth:`run_split` for val and test, EdgeBank's prefixed ``edgebank_``).
+
+        Raises:
+            ValueError: an unknown ``strategy``.
+            RunSetupError: no best-epoch state is held: ``eval_strategies`` lists no
+                non-random strategy (the state is then not kept), no epoch ran, or the
+                best epoch ran before this process resumed from a checkpoint
+                (checkpoints hold the latest state, not the best epoch's).
+        """
+        (strategy,) = check_strategies([strategy])
+        if self._best_state is None:
+            raise RunSetupError(
+                "evaluate(): no best-epoch state in memory: it is kept only when "
+                "eval_strategies lists 'historical' or 'inductive', from the epochs this "
+                "process ran (a best epoch from before a resume is not in the checkpoint)")
+        epoch, model, mail = self._best_state
+        now, rng = self._snapshot(), rng_state()
+        saved = (self.loaders, self.edgebank, self._eb_bank)
+        extra: Dict[str, DistributedDataLoader] = {}
+        try:
+            if strategy != "random":
+                extra = {s: self._strategy_loader(s, strategy) for s in ("val", "test")}
+                self.loaders = {**self.loaders, **extra}
+            self._load_snapshot(model, mail)
+            self._start_edgebank()           # self.edgebank: a fresh dict for this pass
+            out: Dict[str, float] = {}
+            for split in ("val", "test"):
+                out.update(self.run_split(epoch, split))
+            out.update({f"edgebank_{k}": v for k, v in self.edgebank.items()})
+        finally:
+            for ld in extra.values():
+                ld.close()
+            self.loaders, self.edgebank, self._eb_bank = saved
+            self._load_snapshot(*now)
+            set_rng_state(rng)
+        return out
+
+    def _evaluate_strategies(self) -> None:
+        """:meth:`evaluate` for each non-random ``eval_strategies`` entry, into
+        :attr:`strategy_results` (the summary's ``*_<strategy>`` keys). Without a
+        best-epoch state (the best epoch ran before a resume) the figures are NaN and a
+        WARNING says why."""
+        for s in self.eval_strategies:
+            if s == "random":
+                continue
+            keys = {f"val_ap_{s}": "val_ap", f"test_ap_{s}": "test_ap",
+                    f"test_auc_{s}": "test_auc", f"test_mrr_{s}": "test_mrr",
+                    f"edgebank_test_ap_{s}": "edgebank_test_ap",
+                    f"edgebank_test_auc_{s}": "edgebank_test_auc",
+                    f"edgebank_test_mrr_{s}": "edgebank_test_mrr"}
+            if self._best_state is None:
+                if self.rank == 0:
+                    log.warning("%s negatives: no figures (NaN): the best epoch %s ran before "
+                                "this process resumed from a checkpoint, and its state is "
+                                "not in the checkpoint; run again without --resume to get "
+                                "them", s, None if self.best is None else self.best["epoch"])
+                self.strategy_results.update({k: float("nan") for k in keys})
+                continue
+            t0 = time.perf_counter()
+            r = self.evaluate(s)
+            self.strategy_results.update({k: float(r[v]) for k, v in keys.items()})
+            self.strategy_results[f"eval_{s}_s"] = time.perf_counter() - t0
 
     def summary(self) -> Dict[str, Any]:
         """The run's summary (collective): the best epoch's validation and test figures,
@@ -464,6 +600,7 @@ class Trainer:
         eb = self.edgebank or {}
         out.update({f"edgebank_{k}": eb.get(k, float("nan"))
                     for k in ("val_ap", "test_ap", "test_auc", "test_mrr")})
+        out.update(self.strategy_results)
         if self.device.type == "cuda":
             gpu = torch.tensor([torch.cuda.max_memory_allocated(self.device) / 2**20],
                                dtype=torch.float64)
@@ -492,6 +629,31 @@ def _log_result(out: Mapping[str, Any]) -> None:
         log.warning("the model's test AP %.4f is below EdgeBank's %.4f (score 1 for a pair "
                     "seen before): the model has not learnt more than repeated pairs; see %s "
                     "for what to try (another config, more epochs)", ap, eb, ADVICE)
+
+
+def check_strategies(names: Union[str, Sequence[str]]) -> Tuple[str, ...]:
+    """``eval_strategies`` as a tuple of distinct names (a str is one name); an unknown
+    name is a ValueError listing the known ones."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    bad = [n for n in names if n not in STRATEGIES]
+    if bad:
+        raise ValueError(f"eval_strategies: unknown negative-sampling strategy "
+                         f"{', '.join(map(repr, bad))}; expected names from {STRATEGIES} "
+                         f"(DyGLib's protocols, see docs/evaluation.md)")
+    return tuple(dict.fromkeys(names))
+
+
+def _log_strategies(out: Mapping[str, Any], strategies: Sequence[str]) -> None:
+    """One line per non-random strategy: the model's figures beside EdgeBank's."""
+    for s in strategies:
+        if s == "random":
+            continue
+        log.info("%s negatives, best epoch %d: val AP %.4f  test AP %.4f (EdgeBank %.4f)  "
+                 "AUC %.4f (EdgeBank %.4f)  MRR %.4f (EdgeBank %.4f)  [%.1f s]", s,
+                 out["best_epoch"], out[f"val_ap_{s}"], out[f"test_ap_{s}"],
+                 out[f"edgebank_test_ap_{s}"], out[f"test_auc_{s}"],
+                 out[f"edgebank_test_auc_{s}"], out[f"test_mrr_{s}"],
+                 out[f"edgebank_test_mrr_{s}"], out.get(f"eval_{s}_s", float("nan")))
 
 
 def _hook_list(hooks: Any, name: str) -> List[Callable]:
