@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO / "configs" / "TGN_DyGLib-embedding.yml"   # docs/models.md, "Which config"
 if str(REPO) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
@@ -47,24 +48,26 @@ from tgl_dist.ctdg import ConfigError, Trainer, load_config, summary_json  # noq
 
 def build_parser() -> argparse.ArgumentParser:
     models = sorted(f.stem for f in (REPO / "configs").glob("*.yml"))   # the shipped configs
-    tr = load_config(REPO / "configs" / "TGN.yml").train
+    tr = load_config(DEFAULT_CONFIG).train
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--data", default="synthetic", help="dataset name or file path")
     p.add_argument("--format", default=None, help="file format of a path (default: inferred)")
     p.add_argument("--root", default=None, help="folder of the named datasets (default: "
                    "$TGL_DIST_DATASETS, else ~/.cache/tgl_dist/datasets)")
-    p.add_argument("--config", default=str(REPO / "configs" / "TGN.yml"), help="TGL-style YAML config; the "
-                   f"shipped models: configs/<NAME>.yml, NAME one of {', '.join(models)}")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="TGL-style YAML config (default: "
+                   f"configs/{DEFAULT_CONFIG.name}, TGN with DyGLib's settings and a node embedding; docs/models.md "
+                   f"says which config suits which data); the shipped models: configs/<NAME>.yml, NAME one of "
+                   f"{', '.join(models)}")
     p.add_argument("--parts", type=folder_path, default="parts", help="partition root (OUT of python -m tgl_dist.partition)")
     p.add_argument("--partition-algo", default="metis_for_tgnn", help="partitioner used on first use")
     p.add_argument("--repartition", action="store_true", help="partition again even if a partition exists")
     p.add_argument("--epochs", type=positive_int, default=None, help=f"epochs (default: the config's train.epoch, "
-                   f"{tr.epoch} in TGN.yml; early stopping after train.patience, {tr.patience}, epochs without a better val AP)")
+                   f"{tr.epoch} in the default config; early stopping after train.patience, {tr.patience}, epochs without a better val AP)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="override train.batch_size (events per step over ALL ranks)")
     p.add_argument("--lr", type=positive_float, default=None, help="override train.lr")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of parameters and negatives")
-    p.add_argument("--patience", type=positive_int, default=None, help=f"early stopping on val AP (override train.patience: {tr.patience} in TGN.yml)")
+    p.add_argument("--patience", type=positive_int, default=None, help=f"early stopping on val AP (override train.patience: {tr.patience} in the default config)")
     p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test)")
     add_eval_strategies(p)
     p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
