@@ -269,3 +269,29 @@ def test_tgb_protocol_needs_a_tgb_dataset(tmp_path, tgb_root):
         (root / "tgbl_wiki" / f.name).write_bytes(f.read_bytes())
     with pytest.raises(RunSetupError, match=r"tgbl-wiki_val_ns_v2\.pkl"):
         _trainer(root, tmp_path / "parts")
+
+
+def test_the_command_line(tgb_root, tmp_path):
+    """``train_tgn.py --eval-protocol tgb``: on a TGB dataset one JSON line with TGB's
+    figures; on another dataset ``error: ...`` naming it, no traceback."""
+    import json
+    import os
+    import subprocess
+    import sys
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
+    base = [sys.executable, str(repo / "examples" / "ctdg" / "train_tgn.py"), "--epochs", "1",
+            "--batch-size", str(BATCH), "--no-progress", "--threads", "1", "--device", "cpu",
+            "--config", str(repo / "configs" / "JODIE.yml"), "--eval-protocol", "tgb"]
+    p = subprocess.run(base + ["--data", NAME, "--root", str(tgb_root)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads([ln for ln in p.stdout.splitlines() if ln.strip()][-1])
+    assert out["eval_protocol"] == "tgb" and out["data"] == NAME
+    assert 0 < out["test_mrr"] <= 1 and 0 <= out["test_hits@10"] <= 1
+    assert 0 < out["edgebank_test_mrr"] < 1
+    p = subprocess.run(base + ["--num-nodes", "60", "--num-events", "900"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=400)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "error: eval_protocol='tgb' needs a TGB link dataset" in p.stderr
+    assert "got data 'synthetic'" in p.stderr

@@ -87,6 +87,9 @@ class BoundFixedNegatives:
         holds ``dst`` and ``mask`` False there."""
         q = self.cfg.num_neg
         B = int(eid.numel())
+        if B == 0:   # this rank's empty share of a window (or no event of the split at all)
+            empty = torch.zeros(q, 0, dtype=torch.long)
+            return empty, empty.bool()
         try:
             tab = self.cfg.table.rows(eid).to(torch.long).reshape(B, -1)
         except KeyError as e:
