@@ -295,3 +295,22 @@ def test_the_command_line(tgb_root, tmp_path):
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "error: eval_protocol='tgb' needs a TGB link dataset" in p.stderr
     assert "got data 'synthetic'" in p.stderr
+
+
+def test_a_resumed_run_ends_as_one_that_never_stopped(tgb_root, tmp_path):
+    """Checkpoints keep the protocol's figures (history with val MRR, EdgeBank's); a run
+    resumed after epoch 0 reports what an uninterrupted one does. A checkpoint of a run
+    under the other protocol is refused."""
+    whole = _trainer(tgb_root, tmp_path / "parts", epochs=2).fit()
+    ck = str(tmp_path / "ck")
+    _trainer(tgb_root, tmp_path / "parts", epochs=1, checkpoint_dir=ck).fit()
+    resumed = _trainer(tgb_root, tmp_path / "parts", epochs=2, checkpoint_dir=ck,
+                       resume=True).fit()
+    keys = ("best_epoch", "val_mrr", "test_mrr", "test_hits@10", "edgebank_test_mrr",
+            "edgebank_val_mrr")
+    assert {k: resumed[k] for k in keys} == {k: whole[k] for k in keys}
+    from tgl_dist.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="eval_protocol"):
+        Trainer(_config(2), NAME, parts=tmp_path / "parts", root=str(tgb_root),
+                dataset_kwargs={"download": False}, progress=False, checkpoint_dir=ck,
+                resume=True)
