@@ -30,7 +30,8 @@ def test_bad_use_is_named():
     b = FixedNegatives(_table()).bind("val", False)
     with pytest.raises(KeyError, match="split 'val'.*must cover this rank's events"):
         b.rows(torch.tensor([4]), torch.tensor([0]))
-    empty = TGBNegatives("val", torch.zeros(0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long))
+    none = torch.zeros(0, dtype=torch.long)
+    empty = TGBNegatives("val", none, none.view(0, 0))
     neg, _ = FixedNegatives(empty, width=3).bind("val", False).rows(
         torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
     assert neg.shape == (3, 0)                               # a rank without events of the split
