@@ -14,7 +14,11 @@ How this differs from the TGN paper and from TGL's ``train.py`` (docs/training.m
   mean of per-batch scores); MRR ranks each positive against ``--eval-neg`` negatives;
 * memory is reset at every epoch start; validation continues it from training, test
   from validation. Test figures are those of the epoch with the best validation AP
-  (early stopping on it, ``--patience``).
+  (early stopping on it, ``--patience``);
+* ``--eval-protocol tgb`` (a TGB dataset): TGB's leaderboard protocol instead, each
+  positive against TGB's own negatives, MRR and hits@10, selection on validation MRR::
+
+    python examples/ctdg/train_tgn.py --data tgbl-wiki --root "$TGL_DIST_DATASETS" --eval-protocol tgb
 
 Checkpoints (docs/checkpoint.md): ``--checkpoint-dir DIR`` writes versioned, crash-safe
 checkpoints every ``--checkpoint-every`` (``500``: training steps; ``1e``: epochs; one
@@ -68,7 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=positive_float, default=None, help="override train.lr")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of parameters and negatives")
     p.add_argument("--patience", type=positive_int, default=None, help=f"early stopping on val AP (override train.patience: {tr.patience} in the default config)")
-    p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test)")
+    p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test; "
+                   "--eval-protocol random)")
+    p.add_argument("--eval-protocol", default="random", choices=["random", "tgb"],
+                   help="random: --eval-neg sampled negatives per val/test positive, model selected on val AP; "
+                        "tgb: TGB's leaderboard protocol for a TGB dataset (--data tgbl-wiki, ...): each positive "
+                        "ranked against TGB's own pre-generated negatives (the dataset's *_val_ns/*_test_ns files), "
+                        "test MRR and hits@10 as TGB's Evaluator computes them, model selected on val MRR, EdgeBank "
+                        "on the same negatives. Its evaluation scores q negatives per positive (about 1000 on "
+                        "tgbl-wiki), so val/test cost about q/--eval-neg times the random protocol's "
+                        "(docs/evaluation.md#tgb-protocol)")
     add_eval_strategies(p)
     p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
                    help="replicated T-CSR or per-owner sampling requests")
@@ -104,6 +117,7 @@ def main(argv=None) -> dict:
                       format=args.format, dataset_kwargs=data_kw,
                       partition_algo=args.partition_algo, repartition=args.repartition,
                       sampling_mode=args.sampling_mode, eval_neg=args.eval_neg, seed=args.seed,
+                      eval_protocol=args.eval_protocol,
                       queue_size=args.queue_size, metrics_csv=args.metrics_csv,
                       progress=not args.no_progress, checkpoint_dir=args.checkpoint_dir,
                       checkpoint_every=every, checkpoint_keep_every=args.checkpoint_keep_every,

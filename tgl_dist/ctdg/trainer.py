@@ -5,7 +5,9 @@ model trains over the training split (one optimizer step per global window of
 ``batch_size`` events, split over the ranks), then validation continues the memory from
 training and test from validation; AP / AUC / MRR are computed over each WHOLE split
 gathered from all ranks. The reported test figures are those of the epoch with the best
-validation AP (early stopping on it). Examples: ``examples/ctdg/train_tgn.py`` (the
+validation AP (early stopping on it); with ``eval_protocol='tgb'`` validation and test rank
+each positive against TGB's own negatives and the selection is on validation MRR
+(:mod:`tgl_dist.ctdg.tgb_protocol`). Examples: ``examples/ctdg/train_tgn.py`` (the
 built-in models), ``examples/ctdg/custom_model.py`` (a model of one's own); guide:
 ``docs/training.md``.
 """
@@ -32,6 +34,7 @@ from tgl_dist.ctdg.builder import build_model
 from tgl_dist.ctdg.config import ModelConfig
 from tgl_dist.ctdg.curves import CURVES, PLOT_HINT, have_matplotlib, plot_runs, read_run
 from tgl_dist.ctdg.run import RunSetupError, ensure_partition, make_run_dir, split_batch
+from tgl_dist.ctdg import tgb_protocol
 from tgl_dist.ctdg.training import run_epoch
 from tgl_dist.dist import all_gather_v, broadcast_parameters, new_group, world
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
@@ -142,6 +145,13 @@ class Trainer:
             the run's settings) and ``curves.png`` (with matplotlib installed).
         metrics_csv: per-epoch CSV (default ``<out>/metrics.csv``).
         progress: tqdm bars on rank 0. eval_neg: negatives per positive for MRR.
+        eval_protocol: ``'random'`` (val/test negatives drawn here, ``eval_neg`` per
+            positive; model selection on val AP) or ``'tgb'`` (a TGB dataset,
+            ``tgbl-*``: each val/test positive ranked against TGB's own pre-generated
+            negatives; ``val_mrr`` / ``test_mrr`` and ``val_hits@10`` / ``test_hits@10``
+            as TGB's ``Evaluator`` computes them, over the whole split; model selection
+            and early stopping on val MRR, as TGB; EdgeBank on the same negatives; see
+            :mod:`tgl_dist.ctdg.tgb_protocol`). Training uses random negatives either way.
         seed: parameters, negatives, chunk offsets. sampling_mode: ``'full'`` or
             ``'partitioned'``. queue_size: steps sampled ahead (default 0 on <= 2 cores).
         partition_algo, repartition, root, format, dataset_kwargs: how ``data`` is read
@@ -172,6 +182,7 @@ class Trainer:
                  checkpoint_keep_every: int = 0, resume: bool = False,
                  out: Union[None, str, Path] = None,
                  metrics_csv: Optional[str] = None, progress: bool = True, eval_neg: int = 9,
+                 eval_protocol: str = "random",
                  seed: int = 0, sampling_mode: str = "full", queue_size: Optional[int] = None,
                  partition_algo: str = "metis_for_tgnn", repartition: bool = False,
                  root: Optional[str] = None, format: Optional[str] = None,
@@ -180,13 +191,26 @@ class Trainer:
         self.config, self.context = config, context
         self.eval_strategies = check_strategies(eval_strategies)
         self.extra_metrics = dict(metrics or {})
-        taken = sorted(set(self.extra_metrics) & {"ap", "auc", "mrr", "ap_batch_mean"})
+        taken = sorted(set(self.extra_metrics) & {"ap", "auc", "mrr", "ap_batch_mean",
+                                                   "hits@10"})
         if taken:
             raise ValueError(f"metrics: {taken} would replace the built-in val_/test_ figures "
                              f"of that name; choose other names")
         self.step_hooks: List[StepHook] = _hook_list(on_step, "on_step")
         self.eval_hooks: List[EvalHook] = _hook_list(on_evaluate, "on_evaluate")
         self.hooks: List[EpochHook] = _hook_list(on_epoch_end, "on_epoch_end")
+        if eval_protocol not in tgb_protocol.PROTOCOLS:
+            raise ValueError(f"eval_protocol must be one of {tgb_protocol.PROTOCOLS}, got "
+                             f"{eval_protocol!r}")
+        if eval_protocol == "tgb":
+            tgb_protocol.tgb_dataset_name(data)   # a clear error before any partitioning
+            if set(self.eval_strategies) - {"random"}:
+                raise ValueError(f"eval_strategies {list(self.eval_strategies)} with "
+                                 f"eval_protocol='tgb': TGB's protocol has its own negatives; "
+                                 f"ask for the historical/inductive strategies in a run with "
+                                 f"eval_protocol='random'")
+        self.eval_protocol = eval_protocol
+        self.select_on = "val_mrr" if eval_protocol == "tgb" else "val_ap"
         self.rank, self.world_size = world()
         self.device = torch.device(context.device) if context is not None else torch.device("cpu")
         torch.manual_seed(seed)
@@ -218,6 +242,11 @@ class Trainer:
         qs = queue_size if queue_size is not None else (0 if cores <= 2 else 4)
         negs = {"train": NegativeSampling("triplet", "random", 1, seed=seed)}
         negs["val"] = negs["test"] = NegativeSampling("triplet", "random", eval_neg, seed=seed)
+        self.tgb: Optional[tgb_protocol.TGBProtocol] = None
+        if eval_protocol == "tgb":   # TGB's own val/test negatives, each rank its events'
+            self.tgb = tgb_protocol.TGBProtocol(tgb_protocol.tgb_dataset_name(self.folder.name),
+                                                self.graph, root)
+            negs.update(self.tgb.negatives)
         self.loaders = {
             s: DistributedDataLoader(self.graph, s, sampler=self.sampler, neg_sampler=negs[s],
                                      batch_size=self.per_rank_batch, train=s == "train",
@@ -242,13 +271,14 @@ class Trainer:
             checkpoint_dir, checkpoint_every, keep_every=checkpoint_keep_every, resume=resume,
             run_meta={"partition": partition_identity(self.pdata.manifest),
                       "config": config_dict(config, drop=[("train", "epoch")]),
-                      "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode})
+                      "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode,
+                      **({"eval_protocol": eval_protocol} if self.tgb is not None else {})})
         self.run_dir = make_run_dir(out, self.folder.name, config.name)
         self.csv_path = Path(metrics_csv or self.run_dir / "metrics.csv")
         self.run_settings = {"data": self.folder.name, "world_size": self.world_size,
                              "seed": seed, "eval_neg": eval_neg, "sampling_mode": sampling_mode,
                              "partition_algo": partition_algo, "batch_size": self.batch_size,
-                             "metrics_csv": str(self.csv_path),
+                             "metrics_csv": str(self.csv_path), "eval_protocol": eval_protocol,
                              "eval_strategies": list(self.eval_strategies)}
         # the loop's state (what a checkpoint holds besides the modules and the mailbox)
         self.history: List[Dict[str, Any]] = []
@@ -314,10 +344,14 @@ class Trainer:
                 hook(self, epoch, split)
         loader = self.loaders[split]
         loader.set_epoch(epoch, first)
-        eb = None
+        eb = tgb = None
         if not train and self._eb_bank is not None:   # EdgeBank on the model's negatives
             eb = EdgeBankMetrics(self._eb_bank)
+        if not train and self.tgb is not None:   # TGB's negatives: masks, TGB's ranks
+            loader = tgb = self.tgb.tap(loader, eb)
+        elif eb is not None:
             loader = _Tap(loader, eb)
+        scores = _Scores(m, extra) if tgb is None else tgb.scores(m, extra)
         bar = None
         if self.progress:
             from tqdm import tqdm
@@ -334,7 +368,7 @@ class Trainer:
                 for hook in self.step_hooks:
                     hook(self, epoch, acc["steps"])
         res = run_epoch(self.model, loader, self.mailbox, self.optimizer if train else None,
-                        _Scores(m, extra), progress=bar, on_step=on_step, resume=acc0)
+                        scores, progress=bar, on_step=on_step, resume=acc0)
         if bar is not None:
             bar.close()
         r = m.compute()
@@ -349,15 +383,20 @@ class Trainer:
                f"{split}_mrr": r.get("mrr", float("nan")),
                f"{split}_ap_batch_mean": res["ap_batch_mean"]}
         out.update({f"{split}_{k}": float(v.compute(None)) for k, v in extra.items()})
+        if tgb is not None:   # collective: TGB's MRR and hits@10 over the whole split
+            out.update(tgb.compute(split))
         if eb is not None:   # collective; the bank then holds the split's positives too
             r = eb.compute(None)
-            self.edgebank.update({f"{split}_{m}": float(r[m]) for m in ("ap", "auc", "mrr")})
+            self.edgebank.update({f"{split}_{m}": float(r[m])
+                                  for m in ("ap", "auc", "mrr", "hits@10")})
         return out
 
     # ------------------------------------------------------------ the loop
     def fit(self) -> Dict[str, Any]:
         """Run the epochs left (``train.epoch`` in all) and return the summary."""
         fields = CSV_FIELDS + [f"{s}_{k}" for k in self.extra_metrics for s in ("val", "test")]
+        if self.tgb is not None:
+            fields += tgb_protocol.csv_fields()
         fh = writer = None
         if self.rank == 0:
             try:
@@ -385,6 +424,8 @@ class Trainer:
         if self.rank == 0:
             _log_result(out)
             _log_strategies(out, self.eval_strategies)
+            if self.tgb is not None:
+                tgb_protocol.log_result(out)
             self._write_results(out)
         return out
 
@@ -434,12 +475,13 @@ class Trainer:
             self._eb_bank = None
             row["epoch_s"] = time.perf_counter() - t_ep
             self.history.append(row)
-            if self.best is None or row["val_ap"] > self.best["val_ap"]:
+            key = self.select_on   # val AP, or val MRR under TGB's protocol
+            if self.best is None or row[key] > self.best[key]:
                 self.best = dict(row)
             if self.best["epoch"] == epoch:   # keep the best epoch's val-start state
                 self._best_state = self._eval_state
             self._eval_state = None
-            self.stopped = self.stopper.step(row["val_ap"])
+            self.stopped = self.stopper.step(row[key])
             for hook in self.hooks:
                 hook(self, epoch, row)
             if writer is not None:
@@ -601,6 +643,8 @@ class Trainer:
         out.update({f"edgebank_{k}": eb.get(k, float("nan"))
                     for k in ("val_ap", "test_ap", "test_auc", "test_mrr")})
         out.update(self.strategy_results)
+        if self.tgb is not None:
+            out.update(tgb_protocol.summary_fields(best, self.edgebank))
         if self.device.type == "cuda":
             gpu = torch.tensor([torch.cuda.max_memory_allocated(self.device) / 2**20],
                                dtype=torch.float64)

@@ -4,7 +4,9 @@ Per step the loader yields ``(roots, mfgs, metadata, sample_time)``:
 
 * ``roots``: :class:`~tgl_dist.sampling.Roots`; ``roots.nodes = [src | dst | neg_dst
   (| neg_src)]`` queried at the events' times; ``roots.extra['f']`` holds the batch
-  events' own features when the graph has edge features;
+  events' own features when the graph has edge features, ``roots.extra['neg_dst']``
+  ``[k*B]`` the negative destinations and, with :class:`~tgl_dist.sampling.fixed.FixedNegatives`
+  (TGB's lists), ``roots.extra['neg_mask']`` ``[k*B]`` (False: padding of a short list);
 * ``mfgs``: the sampler's blocks (input-first) with ``srcdata['h']`` node features and
   ``edata['f']`` edge features attached (fetched from their owners); without a
   sampler a single edge-less block over the roots (for memory-only models, JODIE);
@@ -39,6 +41,7 @@ from tgl_dist.loader.schedule import GlobalSchedule, Window
 from tgl_dist.kernels import serial_openmp_thread
 from tgl_dist.sampling.block import Block, Roots
 from tgl_dist.sampling.hashing import hash_keys
+from tgl_dist.sampling.fixed import FixedNegatives
 from tgl_dist.sampling.negative import BoundNegatives, NegativeSampling, Stream
 from tgl_dist.sampling.neighbor import NeighborSampler
 
@@ -98,7 +101,9 @@ class DistributedDataLoader:
         sampler: a :class:`NeighborSampler` or ``None`` (no neighbours).
         sampler_fn: ``None`` / ``SAMPLE_TYPE.SAMPLE_FROM_TEMPORAL_EDGES`` (roots are the
             events' endpoints), or a callable ``fn(sampler, roots, group, epoch) -> mfgs``.
-        neg_sampler: a :class:`NegativeSampling` or ``None`` (no negatives).
+        neg_sampler: a :class:`NegativeSampling` or ``None`` (no negatives); for
+            evaluation also a :class:`~tgl_dist.sampling.fixed.FixedNegatives` (each
+            event's pre-generated list, e.g. TGB's).
         batch_size: events PER RANK per step (default 600): each step's window holds
             ``batch_size * world_size`` global events. A config's ``train.batch_size`` is
             the global size: pass ``split_batch(cfg.train.batch_size, world_size)[0]``
@@ -191,6 +196,8 @@ class DistributedDataLoader:
     def _bind_negatives(self) -> BoundNegatives:
         ns, g, grp = self.neg_sampler, self.graph, self.group
         split = self.data.name
+        if isinstance(ns, FixedNegatives):   # each event's own list (TGB's): nothing to gather
+            return ns.bind(split, self.train)
         if self.train or split.startswith("new_node"):
             own = self.data
         else:
@@ -263,6 +270,10 @@ class DistributedDataLoader:
                 # evaluation: no negative equals its event's destination (TGB's filter)
                 neg_dst = ng.random(ev.eid, epoch, None if self.train else ev.dst).reshape(-1)
                 neg_src = None
+            elif ng.cfg.strategy == FixedNegatives.strategy_name:
+                neg_dst, mask = ng.rows(ev.eid, ev.dst)
+                neg_dst, neg_src = neg_dst.reshape(-1), None
+                extra["neg_mask"] = mask.reshape(-1)
             else:
                 gs, ge = w.start, w.end
                 pairs = ng.window(w.t_start, w.t_end, (ge - gs) * k, gs, epoch,

@@ -612,6 +612,30 @@ def load_tgb_negatives(name: str, split: str, graph: TemporalGraph,
         DataFormatError: not a TGB negatives dict, an event without negatives, a negative
             outside ``[0, num_nodes)``.
     """
+    m = graph.masks[split] if split in ("val", "test") else None
+    if m is None:
+        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+    return tgb_negatives_for_events(name, split, graph.src[m], graph.dst[m], graph.t[m],
+                                    graph.eid[m], graph.num_nodes, root)
+
+
+def tgb_negatives_for_events(name: str, split: str, src: Tensor, dst: Tensor, t: Tensor,
+                             eid: Tensor, num_nodes: int,
+                             root: Optional[PathLike] = None) -> TGBNegatives:
+    """TGB's pre-generated negatives of some events of ``split`` (e.g. one rank's share).
+
+    What :func:`load_tgb_negatives` does for the whole split, for the events given: each
+    event ``(src[i], dst[i], t[i])`` is looked up in ``<name>_<split>_ns[_v2].pkl``.
+
+    Args:
+        name: the TGB dataset. split: ``'val'`` or ``'test'``.
+        src, dst, t, eid: ``[P]`` the events (TGB's node ids, integer times), ``eid``
+            increasing (the rows of :class:`TGBNegatives` follow it).
+        num_nodes: node ids of the negatives must lie in ``[0, num_nodes)``.
+        root: as for :func:`load_tgb`.
+
+    Returns / Raises: as :func:`load_tgb_negatives`.
+    """
     if split not in ("val", "test"):
         raise ValueError(f"split must be 'val' or 'test', got {split!r}")
     spec = tgb_spec(name)
@@ -626,9 +650,9 @@ def load_tgb_negatives(name: str, split: str, graph: TemporalGraph,
                                    f"{base / spec.folder}: " + _where(spec, base))
     path = folder / spec.negatives(split)
     table = read_tgb_negatives_file(path)
-    m = graph.masks[split]
-    eid = graph.eid[m]
-    keys = zip(graph.src[m].tolist(), graph.dst[m].tolist(), graph.t[m].long().tolist())
+    eid = torch.as_tensor(eid, dtype=torch.long).reshape(-1)
+    keys = zip(torch.as_tensor(src).tolist(), torch.as_tensor(dst).tolist(),
+               torch.as_tensor(t).long().tolist())
     lists = []
     for i, key in enumerate(keys):
         v = table.get(key)
@@ -652,11 +676,12 @@ def load_tgb_negatives(name: str, split: str, graph: TemporalGraph,
     pad = arr == -1 if not (lens == q).all() else np.zeros(arr.shape, dtype=bool)
     vals = arr[~pad]
     if vals.size and (not np.isfinite(vals).all() or (vals != np.floor(vals)).any()
-                      or vals.min() < 0 or vals.max() >= graph.num_nodes):
-        raise DataFormatError(path, f"negatives must be node ids in [0, {graph.num_nodes}); "
+                      or vals.min() < 0 or vals.max() >= num_nodes):
+        raise DataFormatError(path, f"negatives must be node ids in [0, {num_nodes}); "
                               f"found values in [{vals.min()}, {vals.max()}]")
     return TGBNegatives(split, eid.clone(), torch.from_numpy(arr.astype(np.int64)))
 
 
 __all__ = ["TGB_DATASETS", "TGBSpec", "TGBNegatives", "tgb_spec", "tgb_folder", "load_tgb",
-           "load_tgb_negatives", "read_tgb_negatives_file", "tgb_split_masks"]
+           "load_tgb_negatives", "tgb_negatives_for_events", "read_tgb_negatives_file",
+           "tgb_split_masks"]
