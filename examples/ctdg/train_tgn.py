@@ -66,12 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition-algo", default="metis_for_tgnn", help="partitioner used on first use")
     p.add_argument("--repartition", action="store_true", help="partition again even if a partition exists")
     p.add_argument("--epochs", type=positive_int, default=None, help=f"epochs (default: the config's train.epoch, "
-                   f"{tr.epoch} in the default config; early stopping after train.patience, {tr.patience}, epochs without a better val AP)")
+                   f"{tr.epoch} in configs/{DEFAULT_CONFIG.name}; early stopping after train.patience, {tr.patience}, epochs without a better val AP)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="override train.batch_size (events per step over ALL ranks)")
     p.add_argument("--lr", type=positive_float, default=None, help="override train.lr")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of parameters and negatives")
-    p.add_argument("--patience", type=positive_int, default=None, help=f"early stopping on val AP (override train.patience: {tr.patience} in the default config)")
+    p.add_argument("--patience", type=positive_int, default=None, help=f"early stopping on val AP (override train.patience: {tr.patience} in configs/{DEFAULT_CONFIG.name})")
     p.add_argument("--eval-neg", type=positive_int, default=9, help="negatives per positive for MRR (val/test; "
                    "--eval-protocol random)")
     p.add_argument("--eval-protocol", default="random", choices=["random", "tgb"],

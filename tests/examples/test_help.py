@@ -167,9 +167,10 @@ def test_train_tgn_help_lists_the_models_the_epochs_default_and_no_figures():
     models = sorted(f.stem for f in (REPO / "configs").glob("*.yml"))
     assert "TGN" in models and "JODIE" in models
     assert f"shipped models: configs/<NAME>.yml, NAME one of {', '.join(models)}" in text
-    assert ("epochs (default: the config's train.epoch, 100 in TGN.yml; early stopping after "
-            "train.patience, 5, epochs without a better val AP)") in text
-    assert "override train.patience: 5 in TGN.yml" in text
+    assert ("epochs (default: the config's train.epoch, 30 in configs/TGN_DyGLib-embedding.yml; "
+            "early stopping after train.patience, 5, epochs without a better val AP)") in text
+    assert "override train.patience: 5 in configs/TGN_DyGLib-embedding.yml" in text
+    assert "(default: configs/TGN_DyGLib-embedding.yml" in text
     queue = text.split("--queue-size", 2)[-1].split("--metrics-csv")[0]
     assert "benchmarks/RESULTS.md" in queue and not re.search(r"\d,\d{3}|events/s", queue)
     assert "--out" in text and "runs/<data>_<model>_<timestamp>" in text
