@@ -170,7 +170,7 @@ def test_train_tgn_help_lists_the_models_the_epochs_default_and_no_figures():
     assert ("epochs (default: the config's train.epoch, 30 in configs/TGN_DyGLib-embedding.yml; "
             "early stopping after train.patience, 5, epochs without a better val AP)") in text
     assert "override train.patience: 5 in configs/TGN_DyGLib-embedding.yml" in text
-    assert "(default: configs/TGN_DyGLib-embedding.yml" in text
+    assert "TGN with DyGLib's settings and a node embedding" in text
     queue = text.split("--queue-size", 2)[-1].split("--metrics-csv")[0]
     assert "benchmarks/RESULTS.md" in queue and not re.search(r"\d,\d{3}|events/s", queue)
     assert "--out" in text and "runs/<data>_<model>_<timestamp>" in text
