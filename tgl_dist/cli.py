@@ -267,26 +267,6 @@ def _error_file(message: str) -> None:
         pass
 
 
-def _same_as_rank0(rank: int, message: str, wait_s: float = 3.0) -> bool:
-    """Whether rank 0 failed with ``message`` too, read from the process group's store
-    (rank 0 posts its message there in :func:`fail`); ``False`` when there is no group or
-    rank 0 posted nothing within ``wait_s`` seconds."""
-    import datetime
-
-    import torch.distributed as dist
-    if not dist.is_available() or not dist.is_initialized():
-        return False
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        if rank == 0:
-            store.set("tgl_dist/error", message)
-            return False
-        store.wait(["tgl_dist/error"], datetime.timedelta(seconds=wait_s))
-        return store.get("tgl_dist/error").decode() == message
-    except Exception:   # a dead store, a timeout: say it ourselves
-        return False
-
-
 def fail(message: str) -> NoReturn:
     """End this process with ``message`` (``SystemExit``: printed to stderr, exit code 1),
     once per job under torchrun: rank 0 says it; another rank says it (prefixed
@@ -297,18 +277,15 @@ def fail(message: str) -> NoReturn:
     rank = _env_rank()
     if rank is None:   # not under torchrun
         raise SystemExit(message)
+    from tgl_dist.dist import world
+    from tgl_dist.dist.exchange import same_as_rank0
     _error_file(message)
-    same = _same_as_rank0(rank, message)
+    same = same_as_rank0(message)
     if rank == 0:
         raise SystemExit(message)
-    if not same and _group_exists():
+    if not same and world()[1] > 1:
         raise SystemExit(f"[rank {rank}] {message}")
     raise SystemExit(1)
-
-
-def _group_exists() -> bool:
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_initialized()
 
 
 def quiet_usage_errors(p: argparse.ArgumentParser) -> None:

@@ -83,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "tgbl-wiki), so val/test cost about q/--eval-neg times the random protocol's "
                         "(docs/evaluation.md#tgb-protocol)")
     add_eval_strategies(p)
-    p.add_argument("--sampling-mode", default="full", choices=["full", "partitioned"],
-                   help="replicated T-CSR or per-owner sampling requests")
+    p.add_argument("--sampling-mode", default="auto", choices=["auto", "full", "partitioned"],
+                   help="full: every rank holds the whole T-CSR (no sampler requests); partitioned: a rank holds "
+                        "its nodes' neighbourhoods and asks their owners (memory falls as 1/P); auto: full where its "
+                        "peak fits a quarter of the machine's available memory over its ranks, else partitioned")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads per process (default: the cores over the ranks on this machine)")
     p.add_argument("--queue-size", type=non_negative_int, default=None,

@@ -37,7 +37,9 @@ from tgl_dist.ctdg.run import RunSetupError, ensure_partition, make_run_dir, spl
 from tgl_dist.ctdg import tgb_protocol
 from tgl_dist.ctdg.training import run_epoch
 from tgl_dist.dist import all_gather_v, broadcast_parameters, new_group, world
+from tgl_dist.dist.exchange import all_reduce_max_int
 from tgl_dist.graph import DistributedGraphStore, TemporalNeighborSampleGraph
+from tgl_dist.graph.tcsr import choose_mode
 from tgl_dist.loader import DistributedDataLoader
 from tgl_dist.memory import SharedMailBox
 from tgl_dist.metrics import EarlyStopMonitor, EdgeBank, EdgeBankMetrics, LinkPredMetrics
@@ -152,7 +154,9 @@ class Trainer:
             as TGB's ``Evaluator`` computes them, over the whole split; model selection
             and early stopping on val MRR, as TGB; EdgeBank on the same negatives; see
             :mod:`tgl_dist.ctdg.tgb_protocol`). Training uses random negatives either way.
-        seed: parameters, negatives, chunk offsets. sampling_mode: ``'full'`` or
+        seed: parameters, negatives, chunk offsets. sampling_mode: ``'auto'``
+            (:func:`tgl_dist.graph.tcsr.choose_mode`: full where it fits, else partitioned),
+            ``'full'`` or
             ``'partitioned'``. queue_size: steps sampled ahead (default 0 on <= 2 cores).
         partition_algo, repartition, root, format, dataset_kwargs: how ``data`` is read
             and partitioned (``dataset_kwargs`` e.g. ``{'num_nodes': 60}`` for synthetic).
@@ -183,7 +187,7 @@ class Trainer:
                  out: Union[None, str, Path] = None,
                  metrics_csv: Optional[str] = None, progress: bool = True, eval_neg: int = 9,
                  eval_protocol: str = "random",
-                 seed: int = 0, sampling_mode: str = "full", queue_size: Optional[int] = None,
+                 seed: int = 0, sampling_mode: str = "auto", queue_size: Optional[int] = None,
                  partition_algo: str = "metis_for_tgnn", repartition: bool = False,
                  root: Optional[str] = None, format: Optional[str] = None,
                  dataset_kwargs: Optional[Dict[str, Any]] = None,
@@ -229,6 +233,13 @@ class Trainer:
         smp = config.sampling
         self.sampler = None
         if not smp.no_sample:
+            if sampling_mode == "auto":   # every rank must agree: full only where it fits all
+                sampling_mode, why = choose_mode(int(self.pdata.manifest["num_events"]),
+                                                 self.world_size)
+                if all_reduce_max_int(int(sampling_mode != "full")):
+                    sampling_mode = "partitioned"
+                if self.rank == 0:
+                    log.info("sampling mode %s (auto): %s on rank 0", sampling_mode, why)
             tcsr = TemporalNeighborSampleGraph(self.pdata, mode=sampling_mode)
             self.sampler = NeighborSampler(self.graph.num_nodes, smp.layer, list(smp.neighbor),
                                            tcsr, policy=smp.strategy, seed=seed,

@@ -311,3 +311,24 @@ def barrier(group=None) -> None:
     """Wait for every rank (a no-op in a world of one)."""
     if world(group)[1] > 1:
         _guard(lambda: dist.barrier(group=group), "barrier")
+
+
+def same_as_rank0(message: str, wait_s: float = 3.0) -> bool:
+    """Whether rank 0 posted the same ``message`` (an error text) to the process group's
+    store: rank 0 posts its own and returns ``False``; another rank waits up to ``wait_s``
+    seconds for rank 0's and compares. ``False`` without a process group, or when the
+    store is gone or rank 0 posted nothing in time. Not a collective: a rank that fails
+    alone does not wait for the others (used to print a job's error once,
+    :func:`tgl_dist.cli.fail`)."""
+    import datetime
+    if not dist.is_available() or not dist.is_initialized():
+        return False
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if dist.get_rank() == 0:
+            store.set("tgl_dist/error", message)
+            return False
+        store.wait(["tgl_dist/error"], datetime.timedelta(seconds=wait_s))
+        return store.get("tgl_dist/error").decode() == message
+    except Exception:   # a dead store, a timeout: the caller says it itself
+        return False

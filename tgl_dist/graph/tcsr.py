@@ -42,6 +42,56 @@ log = logging.getLogger(__name__)
 
 MODES = ("full", "partitioned")
 
+# Peak bytes per event of building and using a full T-CSR on one rank: the structure
+# (64 bytes an event, above), its build's transient (the gather and sorts, about 3.3x the
+# structure) and the compiled sampler's records (a second copy, 64 bytes an event).
+# Measured at 10^7 events: +2,000 MiB build peak over a 618 MiB structure, 630 MiB of
+# records (benchmarks/RESULTS.md, "Scale").
+FULL_PEAK_BYTES_PER_EVENT = 64 + 3.3 * 64 + 64
+
+
+def available_memory() -> int:
+    """Bytes of memory available on this machine (``MemAvailable`` of /proc/meminfo, else
+    the physical memory)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def choose_mode(num_events: int, world_size: int, budget: Optional[float] = None,
+                ranks_here: Optional[int] = None) -> Tuple[str, str]:
+    """The sampling mode for ``mode='auto'``: ``(mode, why)``.
+
+    ``'full'`` when one process runs (its partition is the whole graph: the modes are the
+    same structure) or when a full T-CSR's peak (:data:`FULL_PEAK_BYTES_PER_EVENT` bytes
+    an event) fits ``budget`` bytes; else ``'partitioned'``, whose memory falls as 1/P.
+    Where it fits, full is the faster mode: it sends no sampler requests (on 2 CPU
+    processes it trained wikipedia faster, benchmarks/RESULTS.md "Sampling mode").
+
+    Args:
+        num_events: E of the whole graph.
+        world_size: P.
+        budget: bytes one rank may spend on it (default: a quarter of this machine's
+            available memory over the ranks on it, ``ranks_here`` or ``LOCAL_WORLD_SIZE``).
+    """
+    if world_size <= 1:
+        return "full", "one process"
+    need = FULL_PEAK_BYTES_PER_EVENT * num_events
+    if budget is None:
+        import os
+        here = ranks_here or int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
+        budget = available_memory() / 4 / max(here, 1)
+    if need <= budget:
+        return "full", f"a full T-CSR (~{need / 2**20:.0f} MiB at peak) fits {budget / 2**20:.0f} MiB"
+    return "partitioned", (f"a full T-CSR (~{need / 2**20:.0f} MiB at peak) exceeds "
+                           f"{budget / 2**20:.0f} MiB a rank")
+
 
 def _field(obj: Any, name: str) -> Tensor:
     if isinstance(obj, dict):
