@@ -300,6 +300,16 @@ def broadcast_object(obj, src: int = 0, group=None):
     return lst[0]
 
 
+def all_gather_object(obj, group=None) -> List:
+    """Every rank's picklable ``obj``, in rank order, on every rank (``[obj]`` in a world of one)."""
+    ws = world(group)[1]
+    if ws == 1:
+        return [obj]
+    out = [None] * ws
+    _guard(lambda: dist.all_gather_object(out, obj, group=group), "all_gather_object")
+    return out
+
+
 def all_reduce_max_int(v: int, group=None) -> int:
     """Maximum of an integer over all ranks."""
     t = torch.tensor([v], dtype=torch.long)
