@@ -309,16 +309,16 @@ class CheckpointManager:
         except CheckpointError as e:
             mine, err = None, str(e)
         self._everywhere(err)
-        seen = all_gather_object((where(self.group), mine), self.group)
-        if len({v for _, v in seen}) > 1:
-            lines = [f"{who}: {'version %d' % v if v is not None else 'nothing committed'}"
-                     for who, v in seen]
+        seen = all_gather_object((where(self.group), str(self.path / "VERSION"), mine), self.group)
+        if len({v for _, _, v in seen}) > 1:
+            lines = [f"{who}: {'version %d' % v if v is not None else 'nothing committed'} "
+                     f"in {f}" for who, f, v in seen]
             raise CheckpointError(
-                f"{self.path / 'VERSION'}: the ranks do not see the same committed checkpoint "
-                f"({'; '.join(lines)}); every node needs the whole checkpoint folder at this "
-                f"path: put --checkpoint-dir on a file system all nodes share, or copy it "
-                f"from the node that wrote it to each node")
-        return seen[0][1]
+                f"the ranks do not see the same committed checkpoint ({'; '.join(lines)}); "
+                f"every node needs the checkpoint folder it wrote at this path: put "
+                f"--checkpoint-dir on a file system all nodes share, or resume on the nodes "
+                f"that wrote it, each with its own copy")
+        return seen[0][2]
 
     def load(self, version: Optional[int] = None,
              map_location="cpu") -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
