@@ -39,6 +39,8 @@ def _nodes(tmp):
         nodes.copy_folder(src, tmp / "blocker" / "dest", receive=True)
     except TGLDistError as e:
         out["copy_error"] = str(e)
+    # rank 0 cannot write its probe: nothing known, the ranks are grouped by node (one here)
+    out["no_probe"] = nodes.folder_writers(tmp / "blocker" / "x")
     nodes.CHUNK = 16 << 20
     # replicate_partition: rank 1's own --parts gets rank 0's partition, then is left alone
     g = generate_synthetic(num_nodes=40, num_events=400, seed=0, progress=False)
@@ -70,6 +72,7 @@ def test_folder_writers_copy_and_replicate_partition(tmp_path):
     assert o0["shared"] == o1["shared"] == [0, 0]
     assert o0["private"] == o1["private"] == [0, 1]
     assert o1["copied"] == ["a/b/x.bin", "empty"]
+    assert o0["no_probe"] == o1["no_probe"] == [0, 0]
     for o in (o0, o1):
         assert o["copy_error"].startswith("rank 1 on host "), o["copy_error"]
         assert f"{tmp_path / 'blocker' / 'dest'}: cannot be written" in o["copy_error"]

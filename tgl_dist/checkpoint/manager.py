@@ -158,7 +158,7 @@ class CheckpointManager:
         #: manifest_0.json, VERSION): 0 on a shared folder, the node's lowest rank on a
         #: node with its own (see tgl_dist.dist.nodes.folder_writers)
         self.writers = folder_writers(self.path, group)
-        self.writes_replica = self.writers[self.rank] == self.rank if self.rank < len(self.writers) else False
+        self.writes_replica = self.writers[self.rank] == self.rank
         self.private = len(set(self.writers)) > 1
 
     # ------------------------------------------------------------------ query

@@ -89,7 +89,7 @@ def folder_writers(path: Path, group=None) -> List[int]:
         except OSError as e:
             log.warning("%s: cannot write a probe file (%s); taking every node's folder as "
                         "its own", path, e.strerror or e)
-            nonce = None
+            nonce, probe = None, None
     nonce = broadcast_object(nonce, 0, group)
     sees = False
     if nonce is not None:
@@ -97,7 +97,7 @@ def folder_writers(path: Path, group=None) -> List[int]:
             sees = (path / f"{PROBE}{nonce}").read_text() == nonce
         except OSError:
             sees = False
-    facts = all_gather_object((sees or rank == 0 and nonce is None, node_key()), group)
+    facts = all_gather_object((sees, node_key()), group)   # no nonce: by node alone
     if probe is not None:
         probe.unlink(missing_ok=True)
     first = {}
