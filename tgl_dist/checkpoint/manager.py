@@ -36,7 +36,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from tgl_dist.dist.exchange import all_gather_object, broadcast_object, world
+from tgl_dist.dist.exchange import all_gather_object, broadcast_object, new_group, world
 from tgl_dist.dist.nodes import folder_writers, raise_everywhere, where
 from tgl_dist.errors import TGLDistError
 from tgl_dist.integrity import file_entry_ok, fsync_dir, sha256_file, unreadable_reason
@@ -160,6 +160,9 @@ class CheckpointManager:
         self.writers = folder_writers(self.path, group)
         self.writes_replica = self.writers[self.rank] == self.rank
         self.private = len(set(self.writers)) > 1
+        # the replicated files travel to the other nodes' writers in a gloo group of them
+        self._replicas = (new_group(ranks=sorted(set(self.writers)), backend="gloo")
+                          if self.private else None)
 
     # ------------------------------------------------------------------ query
     def committed_version(self) -> Optional[int]:
@@ -212,8 +215,8 @@ class CheckpointManager:
         # the replicated files: rank 0's bytes, sent to the other nodes' writers when
         # the folder is not shared, so every copy has the same checksums
         blob = _dumps(dense) if self.rank == 0 else None
-        if self.private:
-            blob = broadcast_object(blob, 0, self.group)
+        if self.private and self.writes_replica:
+            blob = broadcast_object(blob, 0, self._replicas)
         files = {}
         try:
             if self.writes_replica:
@@ -227,8 +230,8 @@ class CheckpointManager:
                     "world_size": self.world_size, "run_meta": self.run_meta,
                     "meta": meta or {}, "files": files}
         text = json.dumps(manifest, indent=1, default=str).encode()
-        first = broadcast_object(text if self.rank == 0 else None, 0, self.group) \
-            if self.private else text
+        first = broadcast_object(text if self.rank == 0 else None, 0, self._replicas) \
+            if self.private and self.writes_replica else text
         try:
             if err is None:
                 _atomic_write_bytes(d / f"manifest_{self.rank}.json", text)

@@ -27,7 +27,7 @@ import socket
 from pathlib import Path
 from typing import List, Optional, Type
 
-from tgl_dist.dist.exchange import all_gather_object, broadcast_object, world
+from tgl_dist.dist.exchange import all_gather_object, broadcast_object, new_group, world
 from tgl_dist.errors import TGLDistError
 from tgl_dist.integrity import atomic_dir
 
@@ -112,7 +112,8 @@ def copy_folder(src: Path, dest: Path, receive: bool, group=None,
     """Copy rank 0's folder ``src`` to ``dest`` on every rank with ``receive`` (collective).
 
     Rank 0 reads each file of ``src`` and broadcasts it in pieces of :data:`CHUNK` bytes
-    (so at most one piece is held at a time); a receiving rank writes them into a
+    (so at most one piece is held at a time) in a gloo group of rank 0 and the receiving
+    ranks (made for the copy; its timeout is ``DEFAULT_TIMEOUT``); a receiving rank writes them into a
     temporary folder that replaces ``dest`` atomically when complete
     (:func:`tgl_dist.integrity.atomic_dir`). Nothing is sent when no rank receives. An
     error on any rank (``dest`` not writable, a full disk) is raised as ``exc`` on every
@@ -121,30 +122,37 @@ def copy_folder(src: Path, dest: Path, receive: bool, group=None,
     rank, ws = world(group)
     if ws == 1:
         return
-    if not any(all_gather_object(bool(receive) and rank != 0, group)):
+    wants = all_gather_object(bool(receive) and rank != 0, group)
+    if not any(wants):
         return
-    files, err = None, None
-    if rank == 0:
-        src = Path(src)
-        files = [(str(p.relative_to(src)), p.stat().st_size)
-                 for p in sorted(src.rglob("*")) if p.is_file()]
-    files = broadcast_object(files, 0, group)
-    if not (receive and rank != 0):
-        _stream(Path(src) if rank == 0 else None, files, None, dest, group)
-    else:
-        streamed = False
-        try:
-            with atomic_dir(Path(dest), force=True) as tmp:
-                streamed, err = True, _stream(None, files, tmp, dest, group)
-                if err is not None:
-                    raise _Abort()           # atomic_dir removes the temporary folder
-            log.info("received %d files from rank 0 into %s", len(files), dest)
-        except _Abort:
-            pass
-        except OSError as e:   # creating the temporary folder or renaming it into place
-            err = f"{dest}: cannot be written ({e.strerror or e})"
-            if not streamed:
-                _stream(None, files, None, dest, group)
+    # the bytes travel in a gloo group of rank 0 and the receivers only (host bytes, and
+    # no other rank receives a copy it would drop)
+    members = [0] + [r for r, w in enumerate(wants) if w]
+    sub = new_group(ranks=members, backend="gloo")
+    err = None
+    if rank in members:
+        files = None
+        if rank == 0:
+            src = Path(src)
+            files = [(str(p.relative_to(src)), p.stat().st_size)
+                     for p in sorted(src.rglob("*")) if p.is_file()]
+        files = broadcast_object(files, 0, sub)
+        if rank == 0:
+            _stream(src, files, None, dest, sub)
+        else:
+            streamed = False
+            try:
+                with atomic_dir(Path(dest), force=True) as tmp:
+                    streamed, err = True, _stream(None, files, tmp, dest, sub)
+                    if err is not None:
+                        raise _Abort()           # atomic_dir removes the temporary folder
+                log.info("received %d files from rank 0 into %s", len(files), dest)
+            except _Abort:
+                pass
+            except OSError as e:   # creating the temporary folder or renaming it into place
+                err = f"{dest}: cannot be written ({e.strerror or e})"
+                if not streamed:
+                    _stream(None, files, None, dest, sub)
     raise_everywhere(err, exc, group)
 
 
