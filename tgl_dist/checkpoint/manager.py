@@ -17,8 +17,9 @@ on every rank, naming its rank, host and node), then rank 0 writes ``VERSION``
 version. On nodes that share no file system with rank 0 (found by
 :func:`tgl_dist.dist.nodes.folder_writers`), each node's lowest rank also writes the
 node's copy of ``dense.pt``, ``manifest_0.json`` and ``VERSION`` (rank 0's bytes), so
-each node's folder holds what its ranks need to resume (docs/multinode.md). Only then are older versions removed, except
-the epoch snapshots (see :class:`CheckpointManager`). A crash at any point before
+each node's folder holds what its ranks need to resume (docs/multinode.md). Only then
+are older versions removed (by each folder's writer), except the epoch snapshots (see
+:class:`CheckpointManager`). A crash at any point before
 the commit leaves the previous version committed and loadable; the half-written
 folder is ignored and removed by the next save.
 """
@@ -151,8 +152,6 @@ class CheckpointManager:
             err = f"{self.path}: exists and is not a folder"
         except OSError as e:
             err = f"{self.path}: cannot create the checkpoint folder ({e.strerror or e})"
-        if world(group)[1] == 1 and err:
-            raise CheckpointError(err)
         raise_everywhere(err, CheckpointError, group)
         #: per rank, the rank that writes its copy of the replicated files (dense.pt,
         #: manifest_0.json, VERSION): 0 on a shared folder, the node's lowest rank on a
@@ -245,10 +244,14 @@ class CheckpointManager:
             try:
                 _atomic_write_bytes(self.path / "VERSION", f"{v}\n".encode())
                 fsync_dir(self.path)
-                self._prune(v)
             except CheckpointError as e:
                 err = str(e)
         self._everywhere(err)
+        # older versions go only once every folder committed v: a save interrupted between
+        # two nodes' commits leaves every node the version before
+        if self.writes_replica:
+            self._prune(v)
+        self._everywhere(None)
         return v
 
     def _everywhere(self, err: Optional[str]) -> None:
@@ -320,7 +323,9 @@ class CheckpointManager:
                 f"the ranks do not see the same committed checkpoint ({'; '.join(lines)}); "
                 f"every node needs the checkpoint folder it wrote at this path: put "
                 f"--checkpoint-dir on a file system all nodes share, or resume on the nodes "
-                f"that wrote it, each with its own copy")
+                f"that wrote it, each with its own copy; after a save interrupted between "
+                f"two nodes' commits every node still holds the lower version: write that "
+                f"number into VERSION on the nodes ahead")
         return seen[0][2]
 
     def load(self, version: Optional[int] = None,
