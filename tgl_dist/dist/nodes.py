@@ -113,11 +113,19 @@ def copy_folder(src: Path, dest: Path, receive: bool, group=None,
 
     Rank 0 reads each file of ``src`` and broadcasts it in pieces of :data:`CHUNK` bytes
     (so at most one piece is held at a time) in a gloo group of rank 0 and the receiving
-    ranks (made for the copy; its timeout is ``DEFAULT_TIMEOUT``); a receiving rank writes them into a
-    temporary folder that replaces ``dest`` atomically when complete
+    ranks (made for the copy, with ``DEFAULT_TIMEOUT``); a receiving rank writes them into
+    a temporary folder that replaces ``dest`` atomically when complete
     (:func:`tgl_dist.integrity.atomic_dir`). Nothing is sent when no rank receives. An
     error on any rank (``dest`` not writable, a full disk) is raised as ``exc`` on every
     rank once the copy is over, naming the rank, host, node and path.
+
+    Args:
+        src: rank 0's folder (read on rank 0 only).
+        dest: where a receiving rank puts its copy (replaced if present).
+        receive: whether this rank writes a copy (ignored on rank 0).
+        group: the world's group (``None`` or ``ctx.get_default_group()``): the copy's
+            group is made from its ranks.
+        exc: the error class raised on every rank.
     """
     rank, ws = world(group)
     if ws == 1:
