@@ -20,10 +20,10 @@ DOC = REPO / "docs" / "architecture.md"
 
 #: what ``tgl_dist.dist`` exports that runs (or plans) a collective; ``world`` and
 #: ``PartitionBook`` do not
-COLLECTIVES = {"fetch_rows", "push_rows", "all_to_all_v", "AllToAllV", "all_gather_v",
+COLLECTIVES = {"fetch_rows", "push_rows", "all_to_all_v", "AllToAllV", "all_gather_v", "all_gather_object",
                "all_reduce_", "all_reduce_async", "all_reduce_max_int", "broadcast_object",
                "barrier", "new_group", "Plan", "all_reduce_gradients", "broadcast_parameters",
-               "reduce_gradients"}
+               "reduce_gradients", "folder_writers", "copy_folder", "raise_everywhere"}
 
 
 def _layers() -> Dict[str, int]:

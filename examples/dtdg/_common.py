@@ -30,6 +30,7 @@ from tgl_dist.dtdg import (Splitter, Trainer, build_model, build_task, degree_fe
 from tgl_dist.dtdg.build import canonical_name  # noqa: E402
 from tgl_dist.dtdg.loaders import SIGNAL_LAYOUTS, past_signal_features  # noqa: E402
 from tgl_dist.dtdg.partition import partition_path  # noqa: E402
+from tgl_dist.partition.replicate import replicate_partition  # noqa: E402
 from tgl_dist.partition.storage import read_manifest, written_from  # noqa: E402
 
 log = logging.getLogger("dtdg_example")
@@ -86,7 +87,8 @@ def build_parser(doc: str, data: str, model: str, hist_len: int, lr: float, epoc
 
 
 def _prepare(args, ctx, task: str):
-    """Rank 0 loads the data and (re)writes the partition if missing or stale; all ranks load their part."""
+    """Rank 0 loads the data and (re)writes the partition if missing or stale; nodes that do not
+    see rank 0's --parts get a copy; all ranks load their part."""
     num_parts = args.num_parts or ctx.world_size
     if num_parts != ctx.world_size:
         raise SystemExit(f"error: --num-parts {num_parts} but the world size is {ctx.world_size}")
@@ -116,6 +118,10 @@ def _prepare(args, ctx, task: str):
     info, err = broadcast_object((info, err), 0, ctx.get_default_group())
     if err:
         raise SystemExit(f"error: {err}")
+    try:   # nodes that do not see rank 0's --parts get a copy of its partition
+        replicate_partition(Path(info["path"]), ctx.get_default_group())
+    except TGLDistError as e:
+        raise SystemExit(f"error: {e}") from None
     return get_graph(info["path"], ctx.get_default_group()), info
 
 

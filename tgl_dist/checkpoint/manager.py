@@ -11,10 +11,15 @@ Layout (``P`` ranks, committed version 7, version 5 kept as a snapshot)::
         manifest_0.json ... manifest_{P-1}.json   # per rank: its files' sha256 and sizes
 
 A save writes version v+1 in full on every rank (each file written to a
-temporary name, fsynced, renamed), then all ranks meet at a barrier, then rank 0
-writes ``VERSION`` (temporary file, fsync, rename, fsync of the folder): that one
-small write commits the version. Only then are older versions removed, except
-the epoch snapshots (see :class:`CheckpointManager`). A crash at any point before
+temporary name, fsynced, renamed), then all ranks meet (an error on any rank is raised
+on every rank, naming its rank, host and node), then rank 0 writes ``VERSION``
+(temporary file, fsync, rename, fsync of the folder): that one small write commits the
+version. On nodes that share no file system with rank 0 (found by
+:func:`tgl_dist.dist.nodes.folder_writers`), each node's lowest rank also writes the
+node's copy of ``dense.pt``, ``manifest_0.json`` and ``VERSION`` (rank 0's bytes), so
+each node's folder holds what its ranks need to resume (docs/multinode.md). Only then
+are older versions removed (by each folder's writer), except the epoch snapshots (see
+:class:`CheckpointManager`). A crash at any point before
 the commit leaves the previous version committed and loadable; the half-written
 folder is ignored and removed by the next save.
 """
@@ -32,7 +37,8 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from tgl_dist.dist.exchange import barrier, broadcast_object, world
+from tgl_dist.dist.exchange import all_gather_object, broadcast_object, new_group, world
+from tgl_dist.dist.nodes import folder_writers, raise_everywhere, where
 from tgl_dist.errors import TGLDistError
 from tgl_dist.integrity import file_entry_ok, fsync_dir, sha256_file, unreadable_reason
 
@@ -61,11 +67,19 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
                               f"committed version is kept") from None
 
 
-def _save(path: Path, obj: Any) -> Dict[str, Any]:
+def _dumps(obj: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
-    _atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
+
+
+def _write(path: Path, data: bytes) -> Dict[str, Any]:
+    _atomic_write_bytes(path, data)
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def _save(path: Path, obj: Any) -> Dict[str, Any]:
+    return _write(path, _dumps(obj))
 
 
 def _first_difference(a: Any, b: Any, path: str) -> Tuple[str, Any, Any]:
@@ -98,8 +112,14 @@ class CheckpointManager:
     """Save and load versioned checkpoints of a distributed run.
 
     Args:
-        path: checkpoint folder (shared by all ranks, e.g. a shared file system,
-            or the same local path on a single machine).
+        path: checkpoint folder: one folder all ranks share (a shared file system, or
+            one machine), or the same path on every node of a multi-node run whose nodes
+            share no file system. There each node's lowest rank writes the node's copy
+            of the replicated files (``dense.pt``, ``manifest_0.json``, ``VERSION``:
+            rank 0's bytes, sent over the process group) and each rank its own shard,
+            so every node can resume from its own folder; a node whose folder lacks the
+            committed version stops every rank with an error naming it
+            (:meth:`agreed_version`).
         keep_every: ``N``: keep a snapshot every ``N`` epochs (0 = keep only the
             latest version). Snapshots are chosen by the epoch in each version's
             ``meta``, not by version number: for every boundary of ``N``, ``2N``, ...
@@ -125,15 +145,23 @@ class CheckpointManager:
         self.run_meta = run_meta or {}
         self.group = group
         self.rank, self.world_size = world(group)
-        if self.rank == 0:
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-            except FileExistsError:
-                raise CheckpointError(f"{self.path}: exists and is not a folder") from None
-            except OSError as e:
-                raise CheckpointError(f"{self.path}: cannot create the checkpoint folder "
-                                      f"({e.strerror or e})") from None
-        barrier(group)
+        err = None
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            err = f"{self.path}: exists and is not a folder"
+        except OSError as e:
+            err = f"{self.path}: cannot create the checkpoint folder ({e.strerror or e})"
+        raise_everywhere(err, CheckpointError, group)
+        #: per rank, the rank that writes its copy of the replicated files (dense.pt,
+        #: manifest_0.json, VERSION): 0 on a shared folder, the node's lowest rank on a
+        #: node with its own (see tgl_dist.dist.nodes.folder_writers)
+        self.writers = folder_writers(self.path, group)
+        self.writes_replica = self.writers[self.rank] == self.rank
+        self.private = len(set(self.writers)) > 1
+        # the replicated files travel to the other nodes' writers in a gloo group of them
+        self._replicas = (new_group(ranks=sorted(set(self.writers)), backend="gloo")
+                          if self.private else None)
 
     # ------------------------------------------------------------------ query
     def committed_version(self) -> Optional[int]:
@@ -174,28 +202,62 @@ class CheckpointManager:
         current = self.committed_version() if self.rank == 0 else None
         v = broadcast_object((current or 0) + 1, 0, self.group)
         d = self._vdir(v)
-        if self.rank == 0:
-            if d.exists():  # left over from a crash before its commit
-                shutil.rmtree(d)
-            d.mkdir(parents=True)
-        barrier(self.group)
+        err = None
+        if self.writes_replica:   # rank 0, and on a node with its own folder its lowest rank
+            try:
+                if d.exists():  # left over from a crash before its commit
+                    shutil.rmtree(d)
+                d.mkdir(parents=True)
+            except OSError as e:
+                err = f"{d}: cannot be created ({e.strerror or e})"
+        self._everywhere(err)
+        # the replicated files: rank 0's bytes, sent to the other nodes' writers when
+        # the folder is not shared, so every copy has the same checksums
+        blob = _dumps(dense) if self.rank == 0 else None
+        if self.private and self.writes_replica:
+            blob = broadcast_object(blob, 0, self._replicas)
         files = {}
-        if self.rank == 0:
-            files["dense.pt"] = _save(d / "dense.pt", dense)
-        files[f"shard_{self.rank}.pt"] = _save(d / f"shard_{self.rank}.pt", shard)
+        try:
+            if self.writes_replica:
+                info = _write(d / "dense.pt", blob)
+                if self.rank == 0:
+                    files["dense.pt"] = info
+            files[f"shard_{self.rank}.pt"] = _save(d / f"shard_{self.rank}.pt", shard)
+        except CheckpointError as e:
+            err = str(e)
         manifest = {"format_version": FORMAT_VERSION, "version": v, "rank": self.rank,
                     "world_size": self.world_size, "run_meta": self.run_meta,
                     "meta": meta or {}, "files": files}
-        _atomic_write_bytes(d / f"manifest_{self.rank}.json",
-                            json.dumps(manifest, indent=1, default=str).encode())
-        fsync_dir(d)
-        barrier(self.group)  # every rank has written version v in full
-        if self.rank == 0:
-            _atomic_write_bytes(self.path / "VERSION", f"{v}\n".encode())
-            fsync_dir(self.path)
+        text = json.dumps(manifest, indent=1, default=str).encode()
+        first = broadcast_object(text if self.rank == 0 else None, 0, self._replicas) \
+            if self.private and self.writes_replica else text
+        try:
+            if err is None:
+                _atomic_write_bytes(d / f"manifest_{self.rank}.json", text)
+                if self.writes_replica and self.rank != 0:
+                    _atomic_write_bytes(d / "manifest_0.json", first)
+                fsync_dir(d)
+        except CheckpointError as e:
+            err = str(e)
+        self._everywhere(err)   # every rank has written version v in full
+        if self.writes_replica:
+            try:
+                _atomic_write_bytes(self.path / "VERSION", f"{v}\n".encode())
+                fsync_dir(self.path)
+            except CheckpointError as e:
+                err = str(e)
+        self._everywhere(err)
+        # older versions go only once every folder committed v: a save interrupted between
+        # two nodes' commits leaves every node the version before
+        if self.writes_replica:
             self._prune(v)
-        barrier(self.group)
+        self._everywhere(None)
         return v
+
+    def _everywhere(self, err: Optional[str]) -> None:
+        """Raise ``err`` (``None``: fine) on every rank, naming the rank, host and node
+        that had it; also a barrier."""
+        raise_everywhere(err, CheckpointError, self.group)
 
     def _position(self, v: int) -> Optional[Tuple[int, int]]:
         """``(epoch, step)`` from version ``v``'s rank-0 manifest ``meta`` (``step``
@@ -240,9 +302,37 @@ class CheckpointManager:
             shutil.rmtree(p, ignore_errors=True)
 
     # ------------------------------------------------------------------- load
+    def agreed_version(self) -> Optional[int]:
+        """The committed version every rank sees (collective), ``None`` when no rank sees one.
+
+        Raises:
+            CheckpointError: on every rank, when the ranks see different versions, e.g. a
+                node whose own checkpoint folder lacks what rank 0's holds (names each
+                rank's host, node, version and path).
+        """
+        try:
+            mine, err = self.committed_version(), None
+        except CheckpointError as e:
+            mine, err = None, str(e)
+        self._everywhere(err)
+        seen = all_gather_object((where(self.group), str(self.path / "VERSION"), mine), self.group)
+        if len({v for _, _, v in seen}) > 1:
+            lines = [f"{who}: {'version %d' % v if v is not None else 'nothing committed'} "
+                     f"in {f}" for who, f, v in seen]
+            raise CheckpointError(
+                f"the ranks do not see the same committed checkpoint ({'; '.join(lines)}); "
+                f"every node needs the checkpoint folder it wrote at this path: put "
+                f"--checkpoint-dir on a file system all nodes share, or resume on the nodes "
+                f"that wrote it, each with its own copy; after a save interrupted between "
+                f"two nodes' commits every node still holds the lower version: write that "
+                f"number into VERSION on the nodes ahead")
+        return seen[0][2]
+
     def load(self, version: Optional[int] = None,
              map_location="cpu") -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-        """Load ``(dense, shard, meta)`` of the committed (or a given kept) version.
+        """Load ``(dense, shard, meta)`` of the committed (or a given kept) version
+        (collective: every rank calls it; an error on one rank is raised on every rank,
+        naming the rank, host and node that had it).
 
         Every file this rank reads is checked against its manifest (format
         version, world size, run metadata, size, sha256) first.
@@ -251,6 +341,15 @@ class CheckpointManager:
             CheckpointError: nothing committed, another world size or run, a
                 missing, truncated or corrupt file.
         """
+        out, err = None, None
+        try:
+            out = self._load(version, map_location)
+        except CheckpointError as e:
+            err = str(e)
+        self._everywhere(err)
+        return out
+
+    def _load(self, version: Optional[int], map_location):
         v = self.committed_version() if version is None else version
         if v is None:
             raise CheckpointError(f"{self.path}: no committed checkpoint (no VERSION file)")

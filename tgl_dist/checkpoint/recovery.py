@@ -98,13 +98,14 @@ class RunCheckpoint:
         """``(dense, shard, meta)`` of the committed version when resuming, else ``None``."""
         if not self.resume:
             return None
-        if self.mgr.committed_version() is None:
+        v = self.mgr.agreed_version()   # collective: a node lacking it stops every rank
+        if v is None:
             log.warning("--resume: nothing committed in %s yet: starting from the beginning",
                         self.mgr.path)
             return None
-        dense, shard, meta = self.mgr.load()
+        dense, shard, meta = self.mgr.load(version=v)
         log.warning("resuming from %s version %d: epoch %s, step %s", self.mgr.path,
-                    self.mgr.committed_version(), meta.get("epoch"), meta.get("step"))
+                    v, meta.get("epoch"), meta.get("step"))
         return dense, shard, meta
 
     def step_due(self, global_step: int) -> bool:

@@ -1,4 +1,4 @@
-"""A CTDG run's setup: partition on first use (rank 0 writes, the others wait) and the per-rank batch split.
+"""A CTDG run's setup: partition on first use (rank 0 writes, the others wait; other nodes get a copy) and the per-rank batch split.
 
 :func:`ensure_partition` is what :class:`tgl_dist.ctdg.Trainer` calls before it loads its
 rank's part; :func:`split_batch` turns the global batch size (events per step over all
@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 from tgl_dist.dist import broadcast_object, world
 from tgl_dist.errors import TGLDistError
 from tgl_dist.partition import partition_graph
+from tgl_dist.partition.replicate import replicate_partition
 from tgl_dist.partition.storage import MANIFEST, written_from
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,11 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
     file, another ``num_events`` or ``seed``), or when ``repartition``; the other ranks
     wait for it. An error on rank 0 (a bad ``parts`` level, empty splits, an unreadable
     file, ``parts`` not writable) is raised on every rank as :class:`RunSetupError`.
+    On nodes that do not see rank 0's ``parts`` (no shared file system), the node's
+    lowest rank receives rank 0's partition over the process group
+    (:func:`tgl_dist.partition.replicate.replicate_partition`); a node that cannot have
+    it stops every rank with a :class:`~tgl_dist.errors.PartitionError` naming the
+    node and the path.
 
     Args:
         data: dataset name, file path, or a ``TemporalGraph``.
@@ -89,7 +95,7 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
     r, w = world()
     rank = r if rank is None else rank
     world_size = w if world_size is None else world_size
-    folder, err = None, None
+    folder, part, err = None, None, None
     if rank == 0:
         try:
             check_parts_root(Path(parts))
@@ -109,10 +115,11 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
                 partition_graph(g, world_size, algo, parts, force=True)
         except (TGLDistError, ValueError, OSError) as e:   # OSError: parts not writable
             err = f"{type(e).__name__}: {e}" if not isinstance(e, RunSetupError) else str(e)
-    if world_size > 1:
-        folder, err = broadcast_object((folder, err))
+    if world(None)[1] > 1:
+        folder, part, err = broadcast_object((folder, part, err))
     if err:
         raise RunSetupError(err)
+    replicate_partition(part)   # nodes that do not see rank 0's --parts get a copy
     return Path(folder)
 
 

@@ -30,16 +30,20 @@ from tgl_dist.errors import PeerFailureError
 DEFAULT_TIMEOUT = 600.0   # seconds a collective waits for a peer (DistributedContext.init)
 
 
-def new_group(timeout: Optional[datetime.timedelta] = None) -> Optional[dist.ProcessGroup]:
-    """A new process group over all ranks with the world's backend (collective: every
-    rank must call it); ``None`` in a world of one. Default ``timeout``:
-    ``DEFAULT_TIMEOUT``. :meth:`DistributedContext.new_group` passes the context's; this
-    form needs no context (so it picks no device, unlike ``DistributedContext.init()``).
-    The one place that makes process groups after the world's."""
+def new_group(timeout: Optional[datetime.timedelta] = None, ranks: Optional[Sequence[int]] = None,
+              backend: Optional[str] = None) -> Optional[dist.ProcessGroup]:
+    """A new process group over all ranks (or over ``ranks``) with the world's backend (or
+    ``backend``, e.g. ``'gloo'`` for host bytes in an NCCL run) (collective: every rank
+    must call it, also one not in ``ranks``, which gets a group it must not use);
+    ``None`` in a world of one. Default ``timeout``: ``DEFAULT_TIMEOUT``.
+    :meth:`DistributedContext.new_group` passes the context's; this form needs no context
+    (so it picks no device, unlike ``DistributedContext.init()``). The one place that
+    makes process groups after the world's."""
     if not dist.is_initialized():
         return None
     td = timeout or datetime.timedelta(seconds=DEFAULT_TIMEOUT)
-    return dist.new_group(backend=dist.get_backend(), timeout=td)
+    return dist.new_group(ranks=None if ranks is None else sorted(ranks),
+                          backend=backend or dist.get_backend(), timeout=td)
 
 
 log = logging.getLogger(__name__)
@@ -298,6 +302,16 @@ def broadcast_object(obj, src: int = 0, group=None):
     lst = [obj]
     _guard(lambda: dist.broadcast_object_list(lst, src=src, group=group), "broadcast_object")
     return lst[0]
+
+
+def all_gather_object(obj, group=None) -> List:
+    """Every rank's picklable ``obj``, in rank order, on every rank (``[obj]`` in a world of one)."""
+    ws = world(group)[1]
+    if ws == 1:
+        return [obj]
+    out = [None] * ws
+    _guard(lambda: dist.all_gather_object(out, obj, group=group), "all_gather_object")
+    return out
 
 
 def all_reduce_max_int(v: int, group=None) -> int:
