@@ -162,3 +162,21 @@ def test_a_launched_process_without_a_group_is_warned_once(monkeypatch, caplog):
         assert world() == (0, 1) and world() == (0, 1)
     assert caplog.text.count("WORLD_SIZE=2 but no process group is initialised") == 1
     assert "DistributedContext.init()" in caplog.text
+
+
+def test_event_book_ranges_and_holders():
+    """Each rank's directory range is [q E // P, (q + 1) E // P): the holder of an eid is
+    found by a search over the bounds, its entry by a subtraction; a range of the wrong
+    length and an eid outside [0, E) are refused."""
+    from tgl_dist.dist import EventBook, event_ranges
+    assert event_ranges(10, 4).tolist() == [0, 2, 5, 7, 10]
+    assert event_ranges(2, 4).tolist() == [0, 0, 1, 1, 2]        # empty ranges
+    owner = torch.tensor([1, 0, 1], dtype=torch.int32)
+    book = EventBook(10, 4, 1, owner, torch.tensor([4, 7, 5]))
+    q, i = book.holder(torch.tensor([0, 1, 2, 4, 5, 9]))
+    assert q.tolist() == [0, 0, 1, 1, 2, 3] and i.tolist() == [0, 1, 0, 2, 0, 2]
+    assert book.serve(torch.tensor([2, 0])).tolist() == [[1, 5], [1, 4]]
+    with pytest.raises(ValueError, match=r"event ids must be in \[0, 10\)"):
+        book.holder(torch.tensor([10]))
+    with pytest.raises(ValueError, match="must cover its range of 3 events"):
+        EventBook(10, 4, 1, owner[:2], torch.tensor([4, 7]))

@@ -1,9 +1,12 @@
-"""``PartitionBook``: global node id -> (owner rank, local row), and back.
+"""``PartitionBook``: global node id -> (owner rank, local row), and back; ``EventBook``:
+the same for events, sharded.
 
-Every rank holds the book (owner int32, local row and the owner-sorted order int64:
+Every rank holds the node book (owner int32, local row and the owner-sorted order int64:
 20 bytes a node):
 it is metadata, not node state, and it lets any rank route a request for any
-node to its owner without asking anyone.
+node to its owner without asking anyone. Events are too many for that (E is 10 to 100
+times N): the :class:`EventBook` is split into P ranges of eids, one a rank, and a rank
+asks the holder of an eid's range where the event lives.
 """
 from __future__ import annotations
 
@@ -92,3 +95,72 @@ def _lookup(table: Tensor, ids: Tensor) -> Tensor:
     advanced indexing on CPU at a batch's ~6,000 ids); a negative id is an ``IndexError``
     here, where ``table[ids]`` would wrap it to another node's entry."""
     return table.index_select(0, ids.reshape(-1)).view(ids.shape)
+
+
+class EventBook:
+    """Where each event's row lives (owner rank, row in the owner's tables), sharded.
+
+    Events are numbered ``0 .. E-1`` in stream order (the global, chronological eid) and
+    live on the rank that owns their source, so the ranks' events interleave in that
+    numbering. No rank holds a table over all E events: rank ``q`` holds the *directory*
+    of the eids in ``[bounds[q], bounds[q + 1])`` (``bounds[q] = q * E // P``), the owner
+    (int32) and the owner's row (int64) of each: 12 bytes per event of its range. The
+    holder of any eid is found by a search over the ``P + 1`` bounds, so a lookup is one
+    request to the holder (:meth:`holder`, answered there by :meth:`serve`; the
+    exchange itself is the caller's, e.g. ``DistributedGraphStore.get_edge_feat``).
+
+    Args:
+        num_events: E.
+        num_parts: P.
+        rank: the rank whose range ``owner`` and ``row`` cover.
+        owner: owner rank of each event of the range, ``[bounds[rank + 1] - bounds[rank]]``.
+        row: its row in the owner's event tables (rows are chronological), same shape.
+    """
+
+    def __init__(self, num_events: int, num_parts: int, rank: int, owner: Tensor,
+                 row: Tensor) -> None:
+        self.num_events, self.num_parts, self.rank = int(num_events), int(num_parts), int(rank)
+        self.bounds = event_ranges(self.num_events, self.num_parts)
+        n = int(self.bounds[rank + 1] - self.bounds[rank])
+        if owner.numel() != n or row.numel() != n:
+            raise ValueError(f"EventBook of rank {rank}: owner and row must cover its range of "
+                             f"{n} events, got {owner.numel()} and {row.numel()}")
+        self.owner, self.row = owner.reshape(-1), row.reshape(-1)
+
+    def holder(self, eids: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(rank, index)`` of each eid's directory entry: the rank holding it and the
+        entry's position in that rank's range, int64, shape of ``eids``. ``ValueError``
+        for an eid outside ``[0, E)``."""
+        eids = eids.to(torch.long)
+        if eids.numel() and not (0 <= int(eids.min()) and int(eids.max()) < self.num_events):
+            raise ValueError(f"event ids must be in [0, {self.num_events}), got "
+                             f"[{int(eids.min())}, {int(eids.max())}]")
+        q = torch.searchsorted(self.bounds, eids, right=True) - 1
+        return q, eids - self.bounds.index_select(0, q.reshape(-1)).view(q.shape)
+
+    def serve(self, index: Tensor) -> Tensor:
+        """``[n, 2]`` int64 rows ``(owner, row)`` of this rank's directory entries ``index``."""
+        return torch.stack([self.owner.index_select(0, index).long(),
+                            self.row.index_select(0, index).long()], 1)
+
+    def check_world(self, world_size: int) -> None:
+        """``ValueError`` unless there is one rank per part (as :meth:`PartitionBook.check_world`)."""
+        if world_size != self.num_parts:
+            raise ValueError(f"the partition has {self.num_parts} parts but the process group "
+                             f"{world_size} ranks: one rank per part (run with "
+                             f"--nproc_per_node={self.num_parts}, or partition into "
+                             f"{world_size} parts)")
+
+    def nbytes(self) -> int:
+        """Bytes of this rank's directory (``owner`` and ``row``; mapped from the partition)."""
+        return sum(int(x.numel()) * x.element_size() for x in (self.owner, self.row, self.bounds))
+
+    def __repr__(self) -> str:
+        return (f"EventBook(num_events={self.num_events}, num_parts={self.num_parts}, "
+                f"rank={self.rank}, range={self.bounds[self.rank].item()}:"
+                f"{self.bounds[self.rank + 1].item()})")
+
+
+def event_ranges(num_events: int, num_parts: int) -> Tensor:
+    """The ``[P + 1]`` bounds of the ranks' directory ranges, ``bounds[q] = q * E // P`` (int64)."""
+    return torch.arange(num_parts + 1, dtype=torch.long) * int(num_events) // int(num_parts)
