@@ -164,19 +164,18 @@ def test_a_launched_process_without_a_group_is_warned_once(monkeypatch, caplog):
     assert "DistributedContext.init()" in caplog.text
 
 
-def test_event_book_ranges_and_holders():
-    """Each rank's directory range is [q E // P, (q + 1) E // P): the holder of an eid is
-    found by a search over the bounds, its entry by a subtraction; a range of the wrong
+def test_event_book_holders():
+    """Eid e's directory entry is entry e div P of rank e mod P; a share of the wrong
     length and an eid outside [0, E) are refused."""
-    from tgl_dist.dist import EventBook, event_ranges
-    assert event_ranges(10, 4).tolist() == [0, 2, 5, 7, 10]
-    assert event_ranges(2, 4).tolist() == [0, 0, 1, 1, 2]        # empty ranges
+    from tgl_dist.dist import EventBook, directory_size
+    assert [directory_size(10, 4, q) for q in range(4)] == [3, 3, 2, 2]
+    assert [directory_size(2, 4, q) for q in range(4)] == [1, 1, 0, 0]   # empty shares
     owner = torch.tensor([1, 0, 1], dtype=torch.int32)
-    book = EventBook(10, 4, 1, owner, torch.tensor([4, 7, 5]))
+    book = EventBook(10, 4, 1, owner, torch.tensor([4, 7, 5]))        # eids 1, 5, 9
     q, i = book.holder(torch.tensor([0, 1, 2, 4, 5, 9]))
-    assert q.tolist() == [0, 0, 1, 1, 2, 3] and i.tolist() == [0, 1, 0, 2, 0, 2]
+    assert q.tolist() == [0, 1, 2, 0, 1, 1] and i.tolist() == [0, 0, 0, 1, 1, 2]
     assert book.serve(torch.tensor([2, 0])).tolist() == [[1, 5], [1, 4]]
     with pytest.raises(ValueError, match=r"event ids must be in \[0, 10\)"):
         book.holder(torch.tensor([10]))
-    with pytest.raises(ValueError, match="must cover its range of 3 events"):
+    with pytest.raises(ValueError, match="must hold its 3 entries"):
         EventBook(10, 4, 1, owner[:2], torch.tensor([4, 7]))

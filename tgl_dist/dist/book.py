@@ -5,8 +5,8 @@ Every rank holds the node book (owner int32, local row and the owner-sorted orde
 20 bytes a node):
 it is metadata, not node state, and it lets any rank route a request for any
 node to its owner without asking anyone. Events are too many for that (E is 10 to 100
-times N): the :class:`EventBook` is split into P ranges of eids, one a rank, and a rank
-asks the holder of an eid's range where the event lives.
+times N): the :class:`EventBook` is dealt over the ranks (eid ``e`` to rank ``e mod P``),
+and a rank asks the holder of an eid's entry where the event lives.
 """
 from __future__ import annotations
 
@@ -103,40 +103,40 @@ class EventBook:
     Events are numbered ``0 .. E-1`` in stream order (the global, chronological eid) and
     live on the rank that owns their source, so the ranks' events interleave in that
     numbering. No rank holds a table over all E events: rank ``q`` holds the *directory*
-    of the eids in ``[bounds[q], bounds[q + 1])`` (``bounds[q] = q * E // P``), the owner
-    (int32) and the owner's row (int64) of each: 12 bytes per event of its range. The
-    holder of any eid is found by a search over the ``P + 1`` bounds, so a lookup is one
-    request to the holder (:meth:`holder`, answered there by :meth:`serve`; the
-    exchange itself is the caller's, e.g. ``DistributedGraphStore.get_edge_feat``).
+    entries of the eids ``q, q + P, q + 2P, ...`` (entry ``i`` is eid ``q + i P``), the
+    owner (int32) and the owner's row (int64) of each: 12 bytes per event of its share.
+    Dealt round-robin rather than in ranges of eids, the entries a step asks for (its
+    neighbours' events, close in time) are spread over all ranks instead of all falling
+    in one rank's range. The holder of eid ``e`` is ``e mod P``, the entry ``e div P``
+    (:meth:`holder`), answered there by :meth:`serve`; the exchange itself is the
+    caller's, e.g. ``DistributedGraphStore.get_edge_feat``.
 
     Args:
         num_events: E.
         num_parts: P.
-        rank: the rank whose range ``owner`` and ``row`` cover.
-        owner: owner rank of each event of the range, ``[bounds[rank + 1] - bounds[rank]]``.
+        rank: the rank whose entries ``owner`` and ``row`` are.
+        owner: owner rank of each of its eids, ``[len(range(rank, E, P))]``.
         row: its row in the owner's event tables (rows are chronological), same shape.
     """
 
     def __init__(self, num_events: int, num_parts: int, rank: int, owner: Tensor,
                  row: Tensor) -> None:
         self.num_events, self.num_parts, self.rank = int(num_events), int(num_parts), int(rank)
-        self.bounds = event_ranges(self.num_events, self.num_parts)
-        n = int(self.bounds[rank + 1] - self.bounds[rank])
+        n = directory_size(self.num_events, self.num_parts, self.rank)
         if owner.numel() != n or row.numel() != n:
-            raise ValueError(f"EventBook of rank {rank}: owner and row must cover its range of "
-                             f"{n} events, got {owner.numel()} and {row.numel()}")
+            raise ValueError(f"EventBook of rank {rank}: owner and row must hold its {n} "
+                             f"entries (eids {rank}, {rank} + {num_parts}, ...), got "
+                             f"{owner.numel()} and {row.numel()}")
         self.owner, self.row = owner.reshape(-1), row.reshape(-1)
 
     def holder(self, eids: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(rank, index)`` of each eid's directory entry: the rank holding it and the
-        entry's position in that rank's range, int64, shape of ``eids``. ``ValueError``
-        for an eid outside ``[0, E)``."""
+        """``(rank, index)`` of each eid's directory entry, ``(eid mod P, eid div P)``,
+        int64, shape of ``eids``. ``ValueError`` for an eid outside ``[0, E)``."""
         eids = eids.to(torch.long)
         if eids.numel() and not (0 <= int(eids.min()) and int(eids.max()) < self.num_events):
             raise ValueError(f"event ids must be in [0, {self.num_events}), got "
                              f"[{int(eids.min())}, {int(eids.max())}]")
-        q = torch.searchsorted(self.bounds, eids, right=True) - 1
-        return q, eids - self.bounds.index_select(0, q.reshape(-1)).view(q.shape)
+        return eids % self.num_parts, eids // self.num_parts
 
     def serve(self, index: Tensor) -> Tensor:
         """``[n, 2]`` int64 rows ``(owner, row)`` of this rank's directory entries ``index``."""
@@ -152,15 +152,14 @@ class EventBook:
                              f"{world_size} parts)")
 
     def nbytes(self) -> int:
-        """Bytes of this rank's directory (``owner`` and ``row``; mapped from the partition)."""
-        return sum(int(x.numel()) * x.element_size() for x in (self.owner, self.row, self.bounds))
+        """Bytes of this rank's directory entries (``owner`` and ``row``; mapped from the partition)."""
+        return sum(int(x.numel()) * x.element_size() for x in (self.owner, self.row))
 
     def __repr__(self) -> str:
         return (f"EventBook(num_events={self.num_events}, num_parts={self.num_parts}, "
-                f"rank={self.rank}, range={self.bounds[self.rank].item()}:"
-                f"{self.bounds[self.rank + 1].item()})")
+                f"rank={self.rank}, entries={self.owner.numel()})")
 
 
-def event_ranges(num_events: int, num_parts: int) -> Tensor:
-    """The ``[P + 1]`` bounds of the ranks' directory ranges, ``bounds[q] = q * E // P`` (int64)."""
-    return torch.arange(num_parts + 1, dtype=torch.long) * int(num_events) // int(num_parts)
+def directory_size(num_events: int, num_parts: int, rank: int) -> int:
+    """How many of the eids ``0 .. E-1`` are ``rank`` mod ``P``: rank's directory entries."""
+    return max(0, (int(num_events) - int(rank) + int(num_parts) - 1) // int(num_parts))

@@ -142,7 +142,7 @@ class DistributedGraphStore:
 
     Attributes:
         rank, num_parts, num_nodes (N), num_events (E), book (node book), edge_book
-        (this rank's range of the event directory), ids ``[n]``, node_feat ``[n, F_n]`` or None, edge_index ``[2, e]``,
+        (this rank's share of the event directory), ids ``[n]``, node_feat ``[n, F_n]`` or None, edge_index ``[2, e]``,
         edge_ts ``[e]``, eids ``[e]``, edge_attr (:class:`GlobalRows` over ``[e, F_e]``:
         ``edge_attr[eids]`` takes global event ids of owned events; ``edge_attr.local`` is
         the table) or None, masks (split name -> ``[e]`` bool), sample_graph (every event
@@ -201,7 +201,8 @@ class DistributedGraphStore:
     # ----------------------------------------------------------- collectives
     def locate_events(self, eids: Tensor, group=None) -> Tuple[Tensor, Tensor]:
         """``(owner, local_row)`` of any events ``[n]`` each, asked from the holders of
-        their ranges of the event directory (:class:`tgl_dist.dist.EventBook`).
+        their entries of the event directory (:class:`tgl_dist.dist.EventBook`: eid ``e``
+        on rank ``e mod P``).
 
         Collective over ``group`` (default world): every rank must call it.
         """

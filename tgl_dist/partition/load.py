@@ -63,9 +63,9 @@ class PartitionData:
         manifest: the parsed ``manifest.json``.
         num_nodes, num_events: N and E (global).
         book: node :class:`PartitionBook` (global id -> (owner, local row)), ``[N]``.
-        edge_book: this rank's range of the event directory (:class:`EventBook`: eid ->
-            (owner, local row) for the eids ``[rank E // P, (rank + 1) E // P)``); local rows
-            are increasing eid, i.e. chronological.
+        edge_book: this rank's share of the event directory (:class:`EventBook`: eid ->
+            (owner, local row) for the eids ``rank, rank + P, ...``); local rows are
+            increasing eid, i.e. chronological.
         ids: owned global node ids in local-row order, ``[n]``.
         node_feat: owned node features ``[n, F_n]`` or ``None``.
         edge_index: owned events ``[2, e]`` (global ids, row 0 = src, row 1 = dst).

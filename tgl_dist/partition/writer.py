@@ -14,15 +14,14 @@ renamed into place at the end, see :func:`tgl_dist.integrity.atomic_dir`)::
                           "labels": [e_r] or None, "masks": {name: bool [e_r]}}
     part_<r>/sample_graph.pt  every event with src OR dst owned by r, chronological:
                          {"src", "dst", "t", "eid"}
-    part_<r>/event_book.pt    the directory of the eids in [r E // P, (r + 1) E // P):
+    part_<r>/event_book.pt    the directory entries of the eids r, r + P, r + 2P, ...:
                          {"owner": int32, "row": int64} (owner rank, row in its events.pt)
 
 Event ownership: event ``i`` belongs to ``owner[src[i]]``. The source's memory and
 mail update (the work every memory model does per event) is then local to the
 owning rank, and ``metis_for_tgnn`` balances exactly the number of these events.
-No file holds a table over all events that every rank reads: where an event lives is
-in the ``event_book.pt`` of the part whose eid range holds it
-(:class:`tgl_dist.dist.EventBook`).
+No file holds a table over all events that every rank reads: where event ``e`` lives is
+in the ``event_book.pt`` of part ``e mod P`` (:class:`tgl_dist.dist.EventBook`).
 """
 from __future__ import annotations
 
@@ -36,7 +35,6 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from tgl_dist.data.temporal import TemporalGraph
-from tgl_dist.dist.book import event_ranges
 from tgl_dist.partition.load import MASK_NAMES
 from tgl_dist.partition.registry import get_partitioner
 from tgl_dist.partition.stats import partition_stats
@@ -173,7 +171,6 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
         rows = _owned_rows(event_owner, r)
         event_row[rows] = torch.arange(rows.numel())
         del rows
-    bounds = event_ranges(graph.num_events, P).tolist()
     node_parts = split_by_owner(owner, P)
     bar.update(1)
 
@@ -187,9 +184,8 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
                                             _touching_rows(event_owner, dst_owner, r)):
                 save_tensors(part / fname, obj)
                 del obj
-            a, b = bounds[r], bounds[r + 1]
-            save_tensors(part / "event_book.pt", {"owner": event_owner[a:b].clone(),
-                                                  "row": event_row[a:b].clone()})
+            save_tensors(part / "event_book.pt", {"owner": event_owner[r::P].clone(),
+                                                  "row": event_row[r::P].clone()})
             bar.update(1)
         del event_row
         bar.set_postfix_str("manifest")
