@@ -193,8 +193,9 @@ def _rank(root: str, algo: str, steps: int, batch: int, modes, full_max: int) ->
     with meter.stage("partition_load") as x:
         pdata = partition_load(root, algo)
         x["owned_events"], x["owned_nodes"] = pdata.num_local_events, pdata.num_local_nodes
-        x["edge_book_mib"] = _tensor_mib(pdata.edge_book.owner, pdata.edge_book.local,
-                                         pdata.edge_book._order)
+        book = pdata.edge_book   # before issue 39: a PartitionBook over all events
+        x["edge_book_mib"] = (round(book.nbytes() / MIB, 1) if hasattr(book, "nbytes") else
+                              _tensor_mib(book.owner, book.local, book._order))
         x["node_book_mib"] = _tensor_mib(pdata.book.owner, pdata.book.local, pdata.book._order)
     with meter.stage("graph_store"):
         graph = DistributedGraphStore(pdata)

@@ -162,3 +162,20 @@ def test_a_launched_process_without_a_group_is_warned_once(monkeypatch, caplog):
         assert world() == (0, 1) and world() == (0, 1)
     assert caplog.text.count("WORLD_SIZE=2 but no process group is initialised") == 1
     assert "DistributedContext.init()" in caplog.text
+
+
+def test_event_book_holders():
+    """Eid e's directory entry is entry e div P of rank e mod P; a share of the wrong
+    length and an eid outside [0, E) are refused."""
+    from tgl_dist.dist import EventBook, directory_size
+    assert [directory_size(10, 4, q) for q in range(4)] == [3, 3, 2, 2]
+    assert [directory_size(2, 4, q) for q in range(4)] == [1, 1, 0, 0]   # empty shares
+    owner = torch.tensor([1, 0, 1], dtype=torch.int32)
+    book = EventBook(10, 4, 1, owner, torch.tensor([4, 7, 5]))        # eids 1, 5, 9
+    q, i = book.holder(torch.tensor([0, 1, 2, 4, 5, 9]))
+    assert q.tolist() == [0, 1, 2, 0, 1, 1] and i.tolist() == [0, 0, 0, 1, 1, 2]
+    assert book.serve(torch.tensor([2, 0])).tolist() == [[1, 5], [1, 4]]
+    with pytest.raises(ValueError, match=r"event ids must be in \[0, 10\)"):
+        book.holder(torch.tensor([10]))
+    with pytest.raises(ValueError, match="must hold its 3 entries"):
+        EventBook(10, 4, 1, owner[:2], torch.tensor([4, 7]))

@@ -57,16 +57,66 @@ def parts(wiki, tmp_path_factory):
 
 # ------------------------------------------------------------------------ unit
 def test_schedule_boundaries_and_windows():
-    sch = GlobalSchedule(torch.arange(10), torch.arange(10, dtype=torch.float64))
+    sch = GlobalSchedule(torch.arange(10))
     assert sch.boundaries(4) == [0, 4, 8, 10]
     assert sch.boundaries(4, drop_last=True) == [0, 4, 8]
     # drop_last drops only a SHORT last window: a full one is kept
-    full = GlobalSchedule(torch.arange(8), torch.arange(8, dtype=torch.float64))
+    full = GlobalSchedule(torch.arange(8))
     assert full.boundaries(4, drop_last=True) == [0, 4, 8]
     assert sch.boundaries(4, offset=2) == [0, 2, 6, 10]
     w = sch.windows([0, 4, 8, 10])
-    assert [(x.lo, x.hi, x.t_start, x.t_end) for x in w] == [(0, 4, 0.0, 3.0), (4, 8, 4.0, 7.0),
-                                                            (8, 10, 8.0, 9.0)]
+    assert [(x.start, x.end, x.lo, x.hi) for x in w] == [(0, 4, 0, 4), (4, 8, 4, 8), (8, 10, 8, 10)]
+
+
+def _gathered_windows(eid, bounds):
+    """The windows as the schedule computed them before it was sharded: all ranks' eids
+    gathered, sorted, and each local event's position found in them."""
+    from tgl_dist.dist import all_gather_v
+    every = torch.sort(all_gather_v(eid)).values
+    pos = torch.searchsorted(every, eid)
+    local = torch.searchsorted(pos, torch.tensor(bounds)).tolist()
+    return every.numel(), [(bounds[k], bounds[k + 1], local[k], local[k + 1])
+                           for k in range(len(bounds) - 1)]
+
+
+def _schedule_worker(seed):
+    from tgl_dist import DistributedContext
+    from tgl_dist.dist import world
+    DistributedContext.init()
+    rank, ws = world()
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n, owners, keep in ((0, 1, 1.0), (1, ws, 1.0), (97, ws, 1.0), (500, ws, 0.4),
+                            (500, 1, 0.7), (1000, ws, 0.05)):
+        # random owner of each of n events, some events not in the split (inductive
+        # splits are not contiguous in eid), some ranks owning nothing
+        owner = torch.randint(0, owners, (n,), generator=g)
+        split = torch.rand(n, generator=g) < keep
+        eid = torch.nonzero((owner == rank) & split).view(-1) + 3
+        sch = GlobalSchedule(eid)
+        for window, offset, drop in ((1, 0, False), (7, 3, False), (16, 0, True), (4000, 0, False)):
+            b = sch.boundaries(window, offset, drop)
+            ref_n, ref = _gathered_windows(eid, b)
+            got = [(w.start, w.end, w.lo, w.hi) for w in sch.windows(b)]
+            out.append((sch.num_events == ref_n, got == ref, len(got)))
+    try:  # the same event on two ranks is refused on both, and neither hangs
+        GlobalSchedule(torch.tensor([1, 2, 5 + rank]))
+        out.append("accepted")
+    except ValueError as e:
+        out.append(str(e))
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_schedule_equals_the_gathered_one(nproc):
+    """The ring-counted global positions give exactly the windows of the gathered order."""
+    results = run_distributed(_schedule_worker, nproc, 5, timeout=120)
+    for r in results:
+        *checks, dup = r
+        assert all(a and b for a, b, _ in checks), checks
+        assert sum(n for *_, n in checks) > 0
+        assert "another rank holds too" in dup
 
 
 def _collect(loader, epochs=1, stop_after=None):

@@ -42,8 +42,15 @@ def test_written_partition_invariants(algo, toy_graph, tmp_path):
         assert torch.equal(p.edge_attr, g.edge_attr[mine]) and torch.equal(p.labels, g.labels[mine])
         for m in MASKS:
             assert torch.equal(getattr(p, f"{m}_mask"), g.masks[m][mine]), m
-        assert torch.equal(p.edge_book.owned_ids(r), mine)
-        assert bool((p.edge_book.to_owner(mine) == r).all())
+        # the event directory: part r holds the entries of eids r, r + P, ..., each with
+        # its owner and its row in the owner's events
+        dealt = torch.arange(r, g.num_events, P)
+        assert torch.equal(p.edge_book.owner.long(), owner[g.src[dealt]])
+        for i, e in enumerate(dealt.tolist()):
+            o = int(owner[g.src[e]])
+            assert int(parts[o].eids[int(p.edge_book.row[i])]) == e
+        q, idx = p.edge_book.holder(mine)
+        assert torch.equal(q, mine % P) and torch.equal(idx, mine // P)
         # sample graph: exactly the events touching an owned node
         touch = torch.nonzero((owner[g.src] == r) | (owner[g.dst] == r)).view(-1)
         sg = p.sample_graph
@@ -190,6 +197,17 @@ def test_load_default_world_is_one(written):
         partition_load(written.parent, "metis")
 
 
+def test_load_refuses_the_layout_with_an_event_table_over_all_events(written):
+    """A partition of format 1 (book.pt's event_owner [E], read by every rank) is refused
+    with the commands that write it again."""
+    m = json.loads((written / "manifest.json").read_text())
+    m["format_version"] = 1
+    (written / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(PartitionError, match=r"format_version 1 is not supported.*"
+                                             r"python -m tgl_dist.partition.*--repartition"):
+        partition_load(written.parent, "metis", rank=0, world_size=2)
+
+
 def test_load_unknown_format_version(written):
     mpath = written / "manifest.json"
     m = json.loads(mpath.read_text())
@@ -240,7 +258,9 @@ def test_part_without_events(tmp_path):
     root = partition_graph(g, 2, "hash", tmp_path).parent
     p1 = partition_load(root, "hash", rank=1, world_size=2)
     assert p1.num_local_events == 0 and p1.edge_index.shape == (2, 0)
-    assert p1.edge_book.num_parts == 2 and p1.edge_book.owned_ids(1).numel() == 0
+    assert p1.edge_book.num_parts == 2
+    # its half of the directory (events 1 and 3) names part 0 as their owner
+    assert p1.edge_book.owner.tolist() == [0, 0] and p1.edge_book.row.tolist() == [1, 3]
     assert p1.sample_graph.num_events == 4 and torch.equal(p1.ids, torch.tensor([1, 3, 5]))
 
 

@@ -1,9 +1,12 @@
-"""``PartitionBook``: global node id -> (owner rank, local row), and back.
+"""``PartitionBook``: global node id -> (owner rank, local row), and back; ``EventBook``:
+the same for events, sharded.
 
-Every rank holds the book (owner int32, local row and the owner-sorted order int64:
+Every rank holds the node book (owner int32, local row and the owner-sorted order int64:
 20 bytes a node):
 it is metadata, not node state, and it lets any rank route a request for any
-node to its owner without asking anyone.
+node to its owner without asking anyone. Events are too many for that (E is 10 to 100
+times N): the :class:`EventBook` is dealt over the ranks (eid ``e`` to rank ``e mod P``),
+and a rank asks the holder of an eid's entry where the event lives.
 """
 from __future__ import annotations
 
@@ -92,3 +95,71 @@ def _lookup(table: Tensor, ids: Tensor) -> Tensor:
     advanced indexing on CPU at a batch's ~6,000 ids); a negative id is an ``IndexError``
     here, where ``table[ids]`` would wrap it to another node's entry."""
     return table.index_select(0, ids.reshape(-1)).view(ids.shape)
+
+
+class EventBook:
+    """Where each event's row lives (owner rank, row in the owner's tables), sharded.
+
+    Events are numbered ``0 .. E-1`` in stream order (the global, chronological eid) and
+    live on the rank that owns their source, so the ranks' events interleave in that
+    numbering. No rank holds a table over all E events: rank ``q`` holds the *directory*
+    entries of the eids ``q, q + P, q + 2P, ...`` (entry ``i`` is eid ``q + i P``), the
+    owner (int32) and the owner's row (int64) of each: 12 bytes per event of its share.
+    Dealt round-robin rather than in ranges of eids, the entries a step asks for (its
+    neighbours' events, close in time) are spread over all ranks instead of all falling
+    in one rank's range. The holder of eid ``e`` is ``e mod P``, the entry ``e div P``
+    (:meth:`holder`), answered there by :meth:`serve`; the exchange itself is the
+    caller's, e.g. ``DistributedGraphStore.get_edge_feat``.
+
+    Args:
+        num_events: E.
+        num_parts: P.
+        rank: the rank whose entries ``owner`` and ``row`` are.
+        owner: owner rank of each of its eids, ``[len(range(rank, E, P))]``.
+        row: its row in the owner's event tables (rows are chronological), same shape.
+    """
+
+    def __init__(self, num_events: int, num_parts: int, rank: int, owner: Tensor,
+                 row: Tensor) -> None:
+        self.num_events, self.num_parts, self.rank = int(num_events), int(num_parts), int(rank)
+        n = directory_size(self.num_events, self.num_parts, self.rank)
+        if owner.numel() != n or row.numel() != n:
+            raise ValueError(f"EventBook of rank {rank}: owner and row must hold its {n} "
+                             f"entries (eids {rank}, {rank} + {num_parts}, ...), got "
+                             f"{owner.numel()} and {row.numel()}")
+        self.owner, self.row = owner.reshape(-1), row.reshape(-1)
+
+    def holder(self, eids: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(rank, index)`` of each eid's directory entry, ``(eid mod P, eid div P)``,
+        int64, shape of ``eids``. ``ValueError`` for an eid outside ``[0, E)``."""
+        eids = eids.to(torch.long)
+        if eids.numel() and not (0 <= int(eids.min()) and int(eids.max()) < self.num_events):
+            raise ValueError(f"event ids must be in [0, {self.num_events}), got "
+                             f"[{int(eids.min())}, {int(eids.max())}]")
+        return eids % self.num_parts, eids // self.num_parts
+
+    def serve(self, index: Tensor) -> Tensor:
+        """``[n, 2]`` int64 rows ``(owner, row)`` of this rank's directory entries ``index``."""
+        return torch.stack([self.owner.index_select(0, index).long(),
+                            self.row.index_select(0, index).long()], 1)
+
+    def check_world(self, world_size: int) -> None:
+        """``ValueError`` unless there is one rank per part (as :meth:`PartitionBook.check_world`)."""
+        if world_size != self.num_parts:
+            raise ValueError(f"the partition has {self.num_parts} parts but the process group "
+                             f"{world_size} ranks: one rank per part (run with "
+                             f"--nproc_per_node={self.num_parts}, or partition into "
+                             f"{world_size} parts)")
+
+    def nbytes(self) -> int:
+        """Bytes of this rank's directory entries (``owner`` and ``row``; mapped from the partition)."""
+        return sum(int(x.numel()) * x.element_size() for x in (self.owner, self.row))
+
+    def __repr__(self) -> str:
+        return (f"EventBook(num_events={self.num_events}, num_parts={self.num_parts}, "
+                f"rank={self.rank}, entries={self.owner.numel()})")
+
+
+def directory_size(num_events: int, num_parts: int, rank: int) -> int:
+    """How many of the eids ``0 .. E-1`` are ``rank`` mod ``P``: rank's directory entries."""
+    return max(0, (int(num_events) - int(rank) + int(num_parts) - 1) // int(num_parts))

@@ -10,7 +10,7 @@ normalisation is that of the full graph, never of a part).
 On disk (same atomic conventions and manifest checks as the CTDG partitions)::
 
     root/<name>/dtdg_<algorithm>_<P>/
-        manifest.json          {"format_version": 1, "kind": "dtdg", "num_parts": P,
+        manifest.json          {"format_version": 2, "kind": "dtdg", "num_parts": P,
                                 "algorithm": "metis", "num_nodes": N, "num_snapshots": T,
                                 "fingerprint": ..., "files": {"part_0/graph.pt": {sha256, bytes}}}
         part_0/graph.pt        rank 0's part (a dict of tensors, see :func:`build_parts`)

@@ -171,7 +171,8 @@ class DistributedDataLoader:
         if self.chunk_size is not None and self.window % self.chunk_size:
             raise ValueError(f"chunk_size={chunk_size} must divide batch_size * world_size = {self.window}")
         self._check_same_on_all_ranks()
-        self.schedule = GlobalSchedule(data.eid, data.t, self.group)
+        self.schedule = GlobalSchedule(data.eid, self.group)
+        self._stream_rows: Optional[Tensor] = None
         self.negatives = self._bind_negatives() if neg_sampler is not None else None
         self.epoch = -1
         self._thread: Optional[threading.Thread] = None
@@ -206,12 +207,16 @@ class DistributedDataLoader:
         if ns.strategy == "random":
             pool = _global_unique(own.dst, grp)
             stream = Stream(own.src[:0], own.dst[:0], own.t[:0], g.num_nodes)
-        else:
+        else:   # historical and inductive draws need the whole stream on every rank: O(E)
             src, dst = all_gather_v(own.src, grp), all_gather_v(own.dst, grp)
             t, eid = all_gather_v(own.t, grp), all_gather_v(own.eid, grp)
             o = torch.sort(eid).indices
             stream = Stream(src[o], dst[o], t[o], g.num_nodes)
             pool = torch.unique(stream.dst)
+            # rows of the stream at the split's global positions: the positions themselves
+            # when the stream is the split, else the split's eids (the stream is all events)
+            self._stream_rows = (None if own is self.data else
+                                 torch.sort(all_gather_v(self.data.eid, grp)).values)
         t_obs = None
         if ns.strategy == "inductive":
             prev = "train" if split in ("val", "new_node_val") else "val"
@@ -276,8 +281,9 @@ class DistributedDataLoader:
                 extra["neg_mask"] = mask.reshape(-1)
             else:
                 gs, ge = w.start, w.end
-                pairs = ng.window(w.t_start, w.t_end, (ge - gs) * k, gs, epoch,
-                                  self._window_pos(gs, ge, "src"), self._window_pos(gs, ge, "dst"))
+                st, rows = ng.stream, self._window_rows(gs, ge)
+                pairs = ng.window(float(st.t[rows[0]]), float(st.t[rows[-1]]), (ge - gs) * k, gs,
+                                  epoch, st.src[rows], st.dst[rows])
                 pos = (self.schedule.local_pos[w.lo:w.hi] - gs)
                 sel = (torch.arange(k).view(k, 1) * (ge - gs) + pos.view(1, -1)).reshape(-1)
                 neg_src, neg_dst = pairs[0][sel], pairs[1][sel]
@@ -299,15 +305,11 @@ class DistributedDataLoader:
             roots.extra["f"] = self.graph.local_edge_feat(ev.eid)
         return roots, meta
 
-    def _window_pos(self, gs: int, ge: int, which: str) -> Tensor:
-        """Positive src or dst of global window ``[gs, ge)`` (from the negative sampler's stream)."""
-        st = self.negatives.stream
-        eids = self.schedule.eid[gs:ge]
-        if st.src.numel() == self.graph.num_events:
-            idx = eids
-        else:  # the stream is the split itself
-            idx = torch.arange(gs, ge)
-        return (st.src if which == "src" else st.dst)[idx]
+    def _window_rows(self, gs: int, ge: int) -> Tensor:
+        """Rows of the negative sampler's stream holding global window ``[gs, ge)``."""
+        if self._stream_rows is None:   # the stream is the split itself
+            return torch.arange(gs, ge)
+        return self._stream_rows[gs:ge]
 
     def _make(self, w: Window, epoch: int) -> Step:
         t0 = time.perf_counter()

@@ -1,12 +1,18 @@
 """Time-aligned batch windows: step k on every rank covers the same slice of the global stream.
 
-Global event ids are chronological. The loader gathers the (eid, t) of the split's
-events of all ranks once (``8 + 8`` bytes per event), sorts them, and numbers them
-``0 .. n-1`` (their *global position*). Window k covers global positions
+Global event ids are chronological. A split's events, over all ranks, are numbered
+``0 .. n-1`` in eid order (their *global position*). Window k covers global positions
 ``[b_k, b_{k+1})`` with ``b_{k+1} - b_k = batch_size * world_size``; each rank takes
 its own events in the window (possibly none). Every rank computes the same windows,
 so every rank runs the same number of steps and collectives never hang. With one
 rank this is plain chronological batching of ``batch_size`` events.
+
+A rank needs only the global positions of its OWN events: the position of event
+``e`` is the number of the split's events with a smaller eid, summed over the ranks.
+:class:`GlobalSchedule` counts them by passing each rank's eids around a ring (P - 1
+rounds; in round s rank r holds the eids of rank r - s besides its own), so a rank
+holds ``8`` bytes per own event plus one other rank's eids at a time, never the
+split's events of all ranks.
 
 Random chunk scheduling (TGL's ``train.reorder``, training only): each epoch the
 window boundaries are shifted by ``c * chunk_size`` global events with ``c`` drawn
@@ -29,7 +35,7 @@ from typing import List
 import torch
 from torch import Tensor
 
-from tgl_dist.dist import all_gather_v
+from tgl_dist.dist import all_gather_v, all_to_all_v, world
 
 
 @dataclass
@@ -38,42 +44,68 @@ class Window:
 
     Attributes:
         start, end: global positions of the window.
-        t_start, t_end: times of its first and last global event.
         lo, hi: this rank's events ``lo:hi`` (indices into the rank's EventSet).
         index: the step number within the epoch.
     """
 
     start: int
     end: int
-    t_start: float
-    t_end: float
     lo: int
     hi: int
     index: int
 
 
-class GlobalSchedule:
-    """The global order of a split's events and the windows of each epoch.
+def global_positions(eid: Tensor, counts: List[int], group=None) -> Tensor:
+    """Global position of each of this rank's events among the events of all ranks.
 
-    Collective at construction (two all-gathers over ``group``).
+    Collective over ``group`` (P - 1 all-to-alls around a ring).
 
     Args:
-        eid: this rank's events' global ids ``[B_r]``, increasing.
-        t: their times ``[B_r]``.
+        eid: this rank's event ids ``[B_r]`` (int64), strictly increasing; the ranks'
+            sets must be disjoint.
+        counts: every rank's ``B_r``, in rank order (``[P]``).
+    Returns:
+        ``[B_r]`` int64: the number of events of all ranks with a smaller eid.
+    Raises:
+        ValueError: two ranks hold the same eid (raised on every rank holding one,
+            after all rounds, so no rank is left waiting in a collective).
+    """
+    eid = eid.to(torch.long).reshape(-1)
+    rank, ws = world(group)
+    pos = torch.arange(eid.numel(), dtype=torch.long)
+    if ws == 1:
+        return pos
+    shared = 0
+    for s in range(1, ws):
+        to, frm = (rank + s) % ws, (rank - s) % ws
+        send, recv = [0] * ws, [0] * ws
+        send[to], recv[frm] = eid.numel(), counts[frm]
+        peer = all_to_all_v(eid, send, recv, group)      # rank frm's eids, increasing
+        below = torch.searchsorted(peer, eid)
+        shared += int((torch.searchsorted(peer, eid, right=True) - below).sum())
+        pos += below
+    if shared:
+        raise ValueError(f"rank {rank} holds {shared} events that another rank holds too: "
+                         f"the split's events must be disjoint")
+    return pos
+
+
+class GlobalSchedule:
+    """The global positions of a split's events and the windows of each epoch.
+
+    Collective at construction (an all-gather of the counts, then
+    :func:`global_positions`). Holds the ``[B_r]`` positions of this rank's events
+    (8 bytes an own event), nothing per event of the other ranks.
+
+    Args:
+        eid: this rank's events' global ids ``[B_r]``, strictly increasing.
         group: process group (default world).
     """
 
-    def __init__(self, eid: Tensor, t: Tensor, group=None) -> None:
-        geid = all_gather_v(eid.to(torch.long), group)
-        gt = all_gather_v(t.to(torch.float64), group)
-        order = torch.sort(geid).indices
-        self.eid = geid[order]
-        self.t = gt[order]
-        self.num_events = int(self.eid.numel())
-        if self.num_events > 1 and bool((self.eid[1:] == self.eid[:-1]).any()):
-            raise ValueError("two ranks hold the same event: the split's events must be disjoint")
-        # global position of each local event (local events are increasing)
-        self.local_pos = torch.searchsorted(self.eid, eid.to(torch.long))
+    def __init__(self, eid: Tensor, group=None) -> None:
+        counts = all_gather_v(torch.tensor([eid.numel()], dtype=torch.long), group).tolist()
+        self.num_events = int(sum(counts))
+        self.local_pos = global_positions(eid, counts, group)
 
     def boundaries(self, window: int, offset: int = 0, drop_last: bool = False) -> List[int]:
         """Window boundaries over global positions (``offset`` shifts them, chunk scheduling)."""
@@ -98,8 +130,5 @@ class GlobalSchedule:
             return []
         bt = torch.tensor(bounds, dtype=torch.long)
         local = torch.searchsorted(self.local_pos, bt).tolist()
-        out = []
-        for k in range(len(bounds) - 1):
-            s, e = bounds[k], bounds[k + 1]
-            out.append(Window(s, e, float(self.t[s]), float(self.t[e - 1]), local[k], local[k + 1], k))
-        return out
+        return [Window(bounds[k], bounds[k + 1], local[k], local[k + 1], k)
+                for k in range(len(bounds) - 1)]

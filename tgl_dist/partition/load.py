@@ -14,7 +14,7 @@ from typing import Dict, Optional, Union
 import torch
 from torch import Tensor
 
-from tgl_dist.dist import PartitionBook, world
+from tgl_dist.dist import EventBook, PartitionBook, world
 from tgl_dist.errors import PartitionError
 from tgl_dist.integrity import unreadable_reason
 from tgl_dist.partition.storage import (MANIFEST, check_manifest_ints, existing_folder,
@@ -63,8 +63,9 @@ class PartitionData:
         manifest: the parsed ``manifest.json``.
         num_nodes, num_events: N and E (global).
         book: node :class:`PartitionBook` (global id -> (owner, local row)), ``[N]``.
-        edge_book: event :class:`PartitionBook` (event position -> (owner, local row)), ``[E]``;
-            local rows are increasing eid, i.e. chronological.
+        edge_book: this rank's share of the event directory (:class:`EventBook`: eid ->
+            (owner, local row) for the eids ``rank, rank + P, ...``); local rows are
+            increasing eid, i.e. chronological.
         ids: owned global node ids in local-row order, ``[n]``.
         node_feat: owned node features ``[n, F_n]`` or ``None``.
         edge_index: owned events ``[2, e]`` (global ids, row 0 = src, row 1 = dst).
@@ -76,7 +77,7 @@ class PartitionData:
         stats: partition statistics from the manifest.
     """
 
-    def __init__(self, rank: int, manifest: Dict, book: PartitionBook, edge_book: PartitionBook,
+    def __init__(self, rank: int, manifest: Dict, book: PartitionBook, edge_book: EventBook,
                  nodes: Dict, events: Dict, sample: Dict) -> None:
         self.rank = rank
         self.manifest = manifest
@@ -164,7 +165,8 @@ def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None
     Raises:
         PartitionError: the folder is missing (lists the partitions that exist), its
             manifest was written for another number of parts or algorithm, has an unknown
-            format version, or a file of this rank or ``book.pt`` fails its size/checksum check.
+            format version (one written by an older tgl_dist: partition again), or a file
+            of this rank or ``book.pt`` fails its size/checksum check.
     """
     r0, w0 = world()
     rank = r0 if rank is None else int(rank)
@@ -191,27 +193,34 @@ def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None
             raise PartitionError(f"{folder / MANIFEST}: missing key '{key}'")
     check_manifest_ints(folder / MANIFEST, manifest, ("num_nodes", "num_events"))
     part = f"part_{rank}/"
-    needed = ["book.pt"] + [part + f for f in ("nodes.pt", "events.pt", "sample_graph.pt")]
+    needed = ["book.pt"] + [part + f for f in ("nodes.pt", "events.pt", "sample_graph.pt",
+                                               "event_book.pt")]
     missing = [f for f in needed if f not in manifest["files"]]
     if missing:
         raise PartitionError(f"{folder / MANIFEST}: does not list {', '.join(missing)}")
     verify_files(folder, manifest, prefix="book.pt")
     verify_files(folder, manifest, prefix=part)
-    books = _load(folder / "book.pt")
-    node_owner, event_owner = books["node_owner"], books["event_owner"]
-    if node_owner.numel() != int(manifest["num_nodes"]) or event_owner.numel() != int(manifest["num_events"]):
-        raise PartitionError(f"{folder / 'book.pt'}: sizes {node_owner.numel()}/{event_owner.numel()} "
-                             f"do not match the manifest's num_nodes/num_events")
+    node_owner = _load(folder / "book.pt")["node_owner"]
+    if node_owner.numel() != int(manifest["num_nodes"]):
+        raise PartitionError(f"{folder / 'book.pt'}: {node_owner.numel()} node owners, but the "
+                             f"manifest's num_nodes is {manifest['num_nodes']}")
     nodes, events = _load(folder / part / "nodes.pt"), _load(folder / part / "events.pt")
     sample = _load(folder / part / "sample_graph.pt")
+    directory = _load(folder / part / "event_book.pt")
     for path, obj, keys in ((part + "nodes.pt", nodes, ("ids", "node_feat")),
                             (part + "events.pt", events, _EVENT_KEYS),
-                            (part + "sample_graph.pt", sample, ("src", "dst", "t", "eid"))):
+                            (part + "sample_graph.pt", sample, ("src", "dst", "t", "eid")),
+                            (part + "event_book.pt", directory, ("owner", "row"))):
         lacking = [k for k in keys if k not in obj]
         if lacking:
             raise PartitionError(f"{folder / path}: lacks {', '.join(lacking)}")
     lacking = [k for k in MASK_NAMES if k not in events["masks"]]
     if lacking:
         raise PartitionError(f"{folder / part}events.pt: lacks the masks {', '.join(lacking)}")
+    try:
+        edge_book = EventBook(int(manifest["num_events"]), world_size, rank, directory["owner"],
+                              directory["row"])
+    except ValueError as e:
+        raise PartitionError(f"{folder / part}event_book.pt: {e}") from None
     return PartitionData(rank, manifest, PartitionBook(node_owner, num_parts=world_size),
-                         PartitionBook(event_owner, num_parts=world_size), nodes, events, sample)
+                         edge_book, nodes, events, sample)

@@ -22,7 +22,9 @@ from typing import Dict, Optional
 from tgl_dist.errors import PartitionError
 from tgl_dist.integrity import _is_int, file_entry_ok, sha256_file
 
-FORMAT_VERSION = 1
+# 2: events' owners and rows in per-part ranges (``part_<r>/event_book.pt``), not in one
+# table over all events in ``book.pt``
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,9 @@ def read_manifest(folder: Path) -> Dict:
     if manifest["format_version"] != FORMAT_VERSION:
         raise PartitionError(f"{path}: format_version {manifest['format_version']} is not "
                              f"supported (this tgl_dist reads version {FORMAT_VERSION}); "
-                             f"re-run the partitioner")
+                             f"partition again: `python -m tgl_dist.partition ... --force`, "
+                             f"or --repartition to the CTDG examples (Trainer(repartition="
+                             f"True)); the DTDG examples partition again by themselves")
     check_manifest_ints(path, manifest, ("num_parts",))
     files = manifest["files"]
     if not isinstance(files, dict):

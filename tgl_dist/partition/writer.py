@@ -5,7 +5,7 @@ renamed into place at the end, see :func:`tgl_dist.integrity.atomic_dir`)::
 
     manifest.json        format version, algorithm, P, counts, feature dims,
                          dataset fingerprint, stats, sha256 + size of every file
-    book.pt              {"node_owner": int32 [N], "event_owner": int32 [E]}
+    book.pt              {"node_owner": int32 [N]}
     part_<r>/nodes.pt    {"ids": int64 [n_r] owned global ids (increasing = local order),
                           "node_feat": float32 [n_r, F_n] or None}
     part_<r>/events.pt   owned events (source owned by r), chronological:
@@ -14,10 +14,14 @@ renamed into place at the end, see :func:`tgl_dist.integrity.atomic_dir`)::
                           "labels": [e_r] or None, "masks": {name: bool [e_r]}}
     part_<r>/sample_graph.pt  every event with src OR dst owned by r, chronological:
                          {"src", "dst", "t", "eid"}
+    part_<r>/event_book.pt    the directory entries of the eids r, r + P, r + 2P, ...:
+                         {"owner": int32, "row": int64} (owner rank, row in its events.pt)
 
 Event ownership: event ``i`` belongs to ``owner[src[i]]``. The source's memory and
 mail update (the work every memory model does per event) is then local to the
 owning rank, and ``metis_for_tgnn`` balances exactly the number of these events.
+No file holds a table over all events that every rank reads: where event ``e`` lives is
+in the ``event_book.pt`` of part ``e mod P`` (:class:`tgl_dist.dist.EventBook`).
 """
 from __future__ import annotations
 
@@ -156,16 +160,22 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
     bar.set_postfix_str("statistics")
     stats = partition_stats(graph.src, graph.dst, owner, P)
     stats["seconds"] = round(seconds, 4)
-    # int32 owners (4 bytes an event each); a part's rows are found when it is written,
-    # so what is held besides the graph is O(E) int32 twice plus one part's tensors
+    # int32 owners (4 bytes an event each) and each event's row in its owner's events.pt
+    # (int64); a part's rows are found when it is written, so what is held besides the
+    # graph is 16 bytes an event plus one part's tensors
     owner32 = owner.to(torch.int32)
     event_owner = owner32[graph.src]
     dst_owner = owner32[graph.dst]
+    event_row = torch.empty(graph.num_events, dtype=torch.long)
+    for r in range(P):
+        rows = _owned_rows(event_owner, r)
+        event_row[rows] = torch.arange(rows.numel())
+        del rows
     node_parts = split_by_owner(owner, P)
     bar.update(1)
 
     with atomic_dir(dest, force=force) as tmp:
-        save_tensors(tmp / "book.pt", {"node_owner": owner32, "event_owner": event_owner})
+        save_tensors(tmp / "book.pt", {"node_owner": owner32})
         for r in range(P):
             bar.set_postfix_str(f"part {r}")
             part = tmp / f"part_{r}"
@@ -174,7 +184,10 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
                                             _touching_rows(event_owner, dst_owner, r)):
                 save_tensors(part / fname, obj)
                 del obj
+            save_tensors(part / "event_book.pt", {"owner": event_owner[r::P].clone(),
+                                                  "row": event_row[r::P].clone()})
             bar.update(1)
+        del event_row
         bar.set_postfix_str("manifest")
         meta = {
             "name": name, "algorithm": algo, "num_parts": P, "seed": int(seed),
