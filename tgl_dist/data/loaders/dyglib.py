@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from tgl_dist.data.loaders._common import (PathLike, Table, check_finite, int_labels, read_table,
-                                           remap_nodes, node_ids, stem, timestamps)
+                                           remap_nodes, node_ids, sort_by_time, stem,
+                                           timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -114,9 +115,9 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
                     "features" if len(missing) == 2 else
                     ("edge features" if missing[0] == edge_npy.name else "node features"))
     base = stem(csv_path)
-    return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=N, edge_attr=edge_attr,
-                                node_feat=node_feat, labels=labels, node_map=node_map,
-                                name=name or (base[3:] if base.startswith("ml_") else base))
+    return sort_by_time(src, dst, t, num_nodes=N, edge_attr=edge_attr,
+                        node_feat=node_feat, labels=labels, node_map=node_map,
+                        name=name or (base[3:] if base.startswith("ml_") else base))
 
 
 def _load_npy(path: Path) -> np.ndarray:

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from tgl_dist.data.loaders._common import (PathLike, check_finite, head_lines, int_labels,
-                                           looks_like_header, node_ids, read_table, remap_nodes, stem,
+                                           looks_like_header, node_ids, read_table, remap_nodes, sort_by_time,
+                                           stem,
                                            timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
@@ -77,7 +78,7 @@ def load_jodie(path: PathLike, name: Optional[str] = None, shift_items: bool = T
         edge_attr = torch.from_numpy(tab.values[:, 4:].astype(np.float32))
     log.info("read %s: %d events, %d nodes, %d feature columns", path, tab.num_rows,
              node_map.numel(), 0 if edge_attr is None else edge_attr.size(1))
-    return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=int(node_map.numel()),
-                                edge_attr=edge_attr, labels=torch.from_numpy(lab),
-                                node_map=node_map, name=name or stem(path))
+    return sort_by_time(src, dst, t, num_nodes=int(node_map.numel()),
+                        edge_attr=edge_attr, labels=torch.from_numpy(lab),
+                        node_map=node_map, name=name or stem(path))
 
