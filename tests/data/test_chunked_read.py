@@ -157,3 +157,24 @@ def test_real_files_same_in_small_blocks(datasets_root, monkeypatch, name):
     whole = load_dataset(path)
     monkeypatch.setattr(_common, "_CHUNK", (1 << 20) + 13)     # facebook-wall: ~20 blocks
     _same_graph(whole, load_dataset(path))
+
+
+@pytest.mark.parametrize("bad,match,field", [
+    ("3,4,10.0,0,0.5,nan", "edge features must be finite numbers, got nan", "feature_1"),
+    ("3,4,10.0,0,inf,1", "edge features must be finite numbers, got inf", "feature_0"),
+    ("3,4,10.0,0.5,1,1", "state label must be an integer", "state_label"),
+])
+def test_jodie_bad_row_beyond_the_first_block(tmp_path, monkeypatch, bad, match, field):
+    """JODIE features are converted to float32 block by block; a bad one (or a bad label,
+    which is reported first, as before) still names its file line."""
+    lines = ["user_id,item_id,timestamp,state_label,a,b"] + [f"{k % 5},{k % 3},{k}.0,0,0.25,{k}"
+                                                             for k in range(1000)]
+    at = 900
+    lines[at - 1] = bad
+    lines[950] = "1,2,950.0,0,1e300,2"                      # finite in float64: accepted as before
+    p = tmp_path / "j.csv"
+    p.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(_common, "_CHUNK", 300)
+    with pytest.raises(DataFormatError, match=match) as ei:
+        load_jodie(p)
+    assert (ei.value.line, ei.value.field) == (at, field)

@@ -134,17 +134,29 @@ class Table:
     """A numeric table read from a text file.
 
     Attributes:
-        values: the numbers, shape ``[R, C]``, float64.
+        values: the numbers, shape ``[R, C]``, float64 (with ``features_from=k``: only the
+            first ``k`` columns).
         lines: 1-based file line number of each row (:class:`LineNumbers`, ``[R]``).
         header: the header's field names, or ``None`` when the file has no header.
         path: the file.
         header_line: 1-based file line number of the header (``None`` without one).
+        features: with ``features_from=k``, columns ``k..C-1`` as float32, shape
+            ``[R, C - k]`` (``None`` when the file has no more than ``k`` columns).
+        nonfinite: ``(row, column of features, value)`` of the first NaN or infinite
+            feature (read as float64), or ``None``.
     """
 
     def __init__(self, values: np.ndarray, lines, header: Optional[List[str]], path: Path,
-                 header_line: Optional[int] = None):
+                 header_line: Optional[int] = None, features: Optional[np.ndarray] = None,
+                 nonfinite: Optional[Tuple[int, int, float]] = None):
         self.values, self.lines, self.header, self.path = values, lines, header, path
         self.header_line = header_line
+        self.features, self.nonfinite = features, nonfinite
+
+    @property
+    def num_cols(self) -> int:
+        """C, the fields on each row (``values`` and ``features`` together)."""
+        return int(self.values.shape[1]) + (0 if self.features is None else int(self.features.shape[1]))
 
     @property
     def num_rows(self) -> int:
@@ -198,11 +210,11 @@ def _blocks(path: Path, chunk_bytes: int, progress: Optional[bool]) -> Iterator[
 
 
 class _Rows:
-    """A ``[R, C]`` float64 array grown in place (``realloc``: no copy of what is there,
-    so the peak stays at the final size plus one block)."""
+    """A ``[R, C]`` array grown in place (``realloc``: no copy of what is there, so the
+    peak stays at the final size plus one block)."""
 
-    def __init__(self, C: int, capacity: int):
-        self.a = np.empty((max(capacity, 1), C), dtype=np.float64)
+    def __init__(self, C: int, capacity: int, dtype=np.float64):
+        self.a = np.empty((max(capacity, 1), C), dtype=dtype)
         self.n = 0
 
     def reserve(self, rows: int) -> None:
@@ -224,7 +236,8 @@ class _Rows:
 
 def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols: Optional[int] = None,
                comments: str = "#%", header: Union[bool, str] = "auto",
-               chunk_bytes: Optional[int] = None, progress: Optional[bool] = None) -> Table:
+               chunk_bytes: Optional[int] = None, progress: Optional[bool] = None,
+               features_from: Optional[int] = None) -> Table:
     """Read a numeric text table, fast, in bounded memory, with exact errors.
 
     The file is read and parsed in blocks of whole lines (``chunk_bytes``, default
@@ -245,6 +258,9 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
         chunk_bytes: bytes read and parsed at a time (the result does not depend on it).
         progress: show a tqdm bar over the bytes read (``None``: for files of at least
             :data:`PROGRESS_BYTES`).
+        features_from: keep columns ``k..C-1`` as float32 ``features`` (converted block by
+            block, so a wide feature table never exists in float64), with the first
+            non-finite one in ``nonfinite`` for the caller to report.
 
     Returns:
         :class:`Table` with ``values [R, C]`` float64 and the line number of each row.
@@ -275,6 +291,8 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
     C: Optional[int] = None
     first_line = 0
     rows: Optional[_Rows] = None
+    feats: Optional[_Rows] = None
+    nonfinite: Optional[Tuple[int, int, float]] = None
     run_starts: List[np.ndarray] = []
     run_offsets: List[np.ndarray] = []
     last_offset: Optional[int] = None
@@ -345,7 +363,19 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
             block = flat.reshape(-1, C)
             if rows is None:   # the whole file's rows, estimated from this first block
                 est = int(block.shape[0] * max(size, 1) / max(read, 1) * 1.05) + 1024
-                rows = _Rows(C, est if size > len(raw) else block.shape[0])
+                est = est if size > len(raw) else block.shape[0]
+                k = C if features_from is None else min(C, features_from)
+                rows = _Rows(k, est)
+                feats = _Rows(C - k, est, np.float32) if C > k else None
+            if feats is not None:
+                fb = block[:, k:]
+                if nonfinite is None and not np.isfinite(fb).all():
+                    ok = np.isfinite(fb)
+                    r = int(np.flatnonzero(~ok.all(axis=1))[0])
+                    c = int(np.flatnonzero(~ok[r])[0])
+                    nonfinite = (rows.n + r, c, float(fb[r, c]))
+                feats.append(fb.astype(np.float32))
+                block = block[:, :k]
             # line numbers as runs: a new run wherever (line - row) changes
             offs = L + data.astype(np.int64) + 1 - (rows.n + np.arange(data.size, dtype=np.int64))
             cut = np.flatnonzero(np.diff(offs)) + 1
@@ -362,7 +392,8 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
     vals = rows.final()
     lines = LineNumbers(np.concatenate(run_starts).astype(np.int64),
                         np.concatenate(run_offsets).astype(np.int64), vals.shape[0])
-    return Table(vals, lines, header_fields, path, header_line)
+    return Table(vals, lines, header_fields, path, header_line,
+                 None if feats is None else feats.final(), nonfinite)
 
 
 def looks_like_header(fields: Sequence[str]) -> bool:
