@@ -178,3 +178,24 @@ def test_jodie_bad_row_beyond_the_first_block(tmp_path, monkeypatch, bad, match,
     with pytest.raises(DataFormatError, match=match) as ei:
         load_jodie(p)
     assert (ei.value.line, ei.value.field) == (at, field)
+
+
+def test_progress_bar_over_bytes(tmp_path, monkeypatch):
+    bars = []
+
+    class Recording(_common.tqdm):
+        def close(self):
+            if not hasattr(self, "seen"):
+                self.seen = (self.disable, self.n, self.total)
+                bars.append(self.seen)
+            super().close()
+
+    monkeypatch.setattr(_common, "tqdm", Recording)
+    p = tmp_path / "p.txt.gz"
+    p.write_bytes(gzip.compress(b"".join(b"%d %d %d\n" % (k, k + 1, k) for k in range(5000))))
+    tab = read_table(p, names=FIELDS, min_cols=3, header=False, chunk_bytes=4096, progress=True)
+    assert tab.num_rows == 5000
+    # shown, and counted the compressed bytes read, to the end
+    assert bars == [(False, p.stat().st_size, p.stat().st_size)]
+    read_table(p, names=FIELDS, min_cols=3, header=False)   # a small file: no bar by default
+    assert bars[1][0] is True

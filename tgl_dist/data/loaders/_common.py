@@ -1,11 +1,16 @@
 """Shared parsing helpers for the format loaders: fast table reading, id remapping, checks.
 
-Every text loader goes through :func:`read_table`: it reads the whole file (gzip when
-the file starts with the gzip magic), drops comment and blank lines, normalises the
+Every text loader goes through :func:`read_table`: it reads the file (gzip when it
+starts with the gzip magic) in blocks of whole lines (:data:`_CHUNK` bytes, a tqdm bar
+over the bytes for large files), drops comment and blank lines, normalises the
 separators (comma, tab, space, any mix), checks the number of fields on every line with
-one vectorised pass and converts all numbers with a single ``numpy`` call. Only when that
-fast path fails does it scan line by line to name the exact line and field that is wrong,
-so a bad row is always reported and never dropped.
+one vectorised pass per block and converts a block's numbers with a single ``numpy``
+call, appending them to one growing table. Only when that fast path fails does it scan
+the block line by line to name the exact line and field that is wrong, so a bad row is
+always reported and never dropped. Memory: the table (8 bytes a number, float32 for
+JODIE features) plus a block's temporaries; never the text of the whole file.
+:func:`remap_nodes` and :func:`sort_by_time` then work without copies of the events
+beyond one column at a time, so a loader's peak is about twice its final tensors.
 
 Shapes:
     R: number of data rows (events), C: number of columns.
@@ -241,7 +246,7 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
     """Read a numeric text table, fast, in bounded memory, with exact errors.
 
     The file is read and parsed in blocks of whole lines (``chunk_bytes``, default
-    :data:`_CHUNK` = 16 MiB), appended into one growing array: the peak memory is the
+    :data:`_CHUNK` = 4 MiB), appended into one growing array: the peak memory is the
     table itself plus a few blocks, never the whole text.
 
     Args:
@@ -402,7 +407,7 @@ def looks_like_header(fields: Sequence[str]) -> bool:
     return not any(_is_number(f) for f in fields if f)
 
 
-_CHUNK = 16 << 20
+_CHUNK = 4 << 20     # bytes of text parsed at a time: its temporaries are ~8x this
 
 
 # an empty comma-separated field: a leading comma, two commas with only blanks between
