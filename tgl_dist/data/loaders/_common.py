@@ -47,20 +47,6 @@ class DatasetNotFoundError(TGLDistError, FileNotFoundError):
     which file to put where."""
 
 
-def read_bytes(path: PathLike) -> bytes:
-    """The file's bytes, decompressed when it is gzip (by magic number, not by name)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetNotFoundError(f"no such file: {path}")
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise DataFormatError(path, f"corrupt or truncated gzip file ({exc})") from None
-    return raw[len(_BOM):] if raw.startswith(_BOM) else raw
-
-
 def head_lines(path: PathLike, n: int) -> List[str]:
     """The first ``n`` lines of a (possibly gzip) text file, without reading all of it."""
     path = Path(path)
