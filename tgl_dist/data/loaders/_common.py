@@ -162,10 +162,10 @@ class Table:
 PROGRESS_BYTES = 64 << 20
 
 
-def _blocks(path: Path, chunk_bytes: int, progress: Optional[bool]) -> Iterator[bytes]:
+def _blocks(path: Path, chunk_bytes: int, progress: Optional[bool]) -> Iterator[Tuple[bytes, int]]:
     """The file's bytes (gunzipped when it starts with the gzip magic; without a UTF-8 byte
-    order mark) in blocks of whole lines of about ``chunk_bytes`` each; every block but
-    the last ends with a newline. A tqdm bar counts the bytes read from disk when
+    order mark) in blocks of whole lines of about ``chunk_bytes`` each, with the bytes read
+    from disk so far (compressed ones for gzip); every block but the last ends with a newline. A tqdm bar counts the bytes read from disk when
     ``progress`` (``None``: when the file is at least :data:`PROGRESS_BYTES`)."""
     if not path.is_file():
         raise DatasetNotFoundError(f"no such file: {path}")
@@ -186,7 +186,7 @@ def _blocks(path: Path, chunk_bytes: int, progress: Optional[bool]) -> Iterator[
             done = disk.tell()
             if not data:
                 if carry:
-                    yield carry
+                    yield carry, done
                 return
             if first:
                 data = data[len(_BOM):] if data.startswith(_BOM) else data
@@ -197,7 +197,7 @@ def _blocks(path: Path, chunk_bytes: int, progress: Optional[bool]) -> Iterator[
                 carry = buf
                 continue
             carry = buf[k + 1:]
-            yield buf if k + 1 == len(buf) else buf[:k + 1]
+            yield (buf if k + 1 == len(buf) else buf[:k + 1]), done
 
 
 class _Rows:
@@ -288,9 +288,7 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
     run_offsets: List[np.ndarray] = []
     last_offset: Optional[int] = None
     L = 0                 # lines of the file before the current block
-    read = 0              # bytes of text parsed so far
-    for raw in _blocks(path, chunk_bytes, progress):
-        read += len(raw)
+    for raw, on_disk in _blocks(path, chunk_bytes, progress):
         if b"\r" in raw:
             raw = raw.replace(b"\r", b" ")
         rb = np.frombuffer(raw, dtype=np.uint8)
@@ -353,8 +351,9 @@ def read_table(path: PathLike, *, names: Sequence[str], min_cols: int, max_cols:
                 raise DataFormatError(path, "could not parse the numbers (no single bad field found)")
             block = flat.reshape(-1, C)
             if rows is None:   # the whole file's rows, estimated from this first block
-                est = int(block.shape[0] * max(size, 1) / max(read, 1) * 1.05) + 1024
-                est = est if size > len(raw) else block.shape[0]
+                # (untouched rows cost no memory; a low guess grows by half, in place)
+                est = int(block.shape[0] * max(size, 1) / max(on_disk, 1) * 1.05) + 1024
+                est = est if size > on_disk else block.shape[0]
                 k = C if features_from is None else min(C, features_from)
                 rows = _Rows(k, est)
                 feats = _Rows(C - k, est, np.float32) if C > k else None
