@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from tgl_dist.data.loaders._common import (PathLike, Table, check_finite, int_labels, read_table,
-                                           remap_nodes, node_ids, stem, timestamps)
+                                           remap_nodes, node_ids, sort_by_time, stem,
+                                           timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -87,7 +88,7 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
         _check_ids(tab, (u, i), ("u", "i"), N, node_npy)
         src, dst = torch.from_numpy(u - 1), torch.from_numpy(i - 1)
         node_map = torch.arange(1, N + 1, dtype=torch.long)
-        nf = np.ascontiguousarray(nf[1:], dtype=np.float32)
+        nf = _gather_float32(nf, np.arange(1, nf.shape[0]))
         check_finite(nf, node_npy, "node features", row_offset=1)
         node_feat = torch.from_numpy(nf)
     else:
@@ -102,7 +103,7 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
                                   f"{E + 1} ({E} events in {csv_path.name} + 1 padding row 0)",
                                   field="rows")
         _check_ids(tab, (idx,), ("idx",), E, edge_npy)
-        ef = np.asarray(ef[idx], dtype=np.float32)
+        ef = _gather_float32(ef, idx)
         check_finite(ef, edge_npy, "edge features", lines=idx)     # names the row of the .npy
         edge_attr = torch.from_numpy(ef)
     log.info("read %s: %d events, %d nodes", csv_path, E, N)
@@ -114,9 +115,21 @@ def load_dyglib(path: PathLike, name: Optional[str] = None, edge_features: bool 
                     "features" if len(missing) == 2 else
                     ("edge features" if missing[0] == edge_npy.name else "node features"))
     base = stem(csv_path)
-    return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=N, edge_attr=edge_attr,
-                                node_feat=node_feat, labels=labels, node_map=node_map,
-                                name=name or (base[3:] if base.startswith("ml_") else base))
+    return sort_by_time(src, dst, t, num_nodes=N, edge_attr=edge_attr,
+                        node_feat=node_feat, labels=labels, node_map=node_map,
+                        name=name or (base[3:] if base.startswith("ml_") else base))
+
+
+_GATHER_ROWS = 1 << 16
+
+
+def _gather_float32(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``a[rows]`` as float32, shape ``[len(rows), F]``, gathered from the memory-mapped
+    ``a`` in blocks of rows: no float64 copy of the whole table on the way."""
+    out = np.empty((rows.shape[0], a.shape[1]), dtype=np.float32)
+    for k in range(0, rows.shape[0], _GATHER_ROWS):
+        out[k:k + _GATHER_ROWS] = a[rows[k:k + _GATHER_ROWS]]
+    return out
 
 
 def _load_npy(path: Path) -> np.ndarray:

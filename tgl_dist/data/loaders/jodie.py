@@ -10,11 +10,10 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 
-from tgl_dist.data.loaders._common import (PathLike, check_finite, head_lines, int_labels,
-                                           looks_like_header, node_ids, read_table, remap_nodes, stem,
+from tgl_dist.data.loaders._common import (PathLike, head_lines, int_labels, looks_like_header,
+                                           node_ids, read_table, remap_nodes, sort_by_time, stem,
                                            timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
@@ -62,7 +61,8 @@ def load_jodie(path: PathLike, name: Optional[str] = None, shift_items: bool = T
             raise DataFormatError(path, f"the header's first columns are {names}, expected "
                                   f"{list(FIELDS)}" + (f": no {missing[0]!r}" if missing else ""),
                                   line=k + 1, field=missing[0] if missing else None)
-    tab = read_table(path, names=FIELDS, min_cols=4, max_cols=-1, header="auto" if k is None else has_header)
+    tab = read_table(path, names=FIELDS, min_cols=4, max_cols=-1, header="auto" if k is None else has_header,
+                     features_from=4)
     users = node_ids(tab, 0, FIELDS[0])
     items = node_ids(tab, 1, FIELDS[1])
     t = timestamps(tab, 2, FIELDS[2])
@@ -71,13 +71,16 @@ def load_jodie(path: PathLike, name: Optional[str] = None, shift_items: bool = T
         items = items + (int(users.max()) + 1)
     src, dst, node_map = remap_nodes(users, items)
     edge_attr = None
-    if tab.values.shape[1] > 4:
-        check_finite(tab.values[:, 4:], path, "edge features", lines=tab.lines,
-                     field=lambda c: f"feature_{c}")
-        edge_attr = torch.from_numpy(tab.values[:, 4:].astype(np.float32))
+    if tab.features is not None:
+        if tab.nonfinite is not None:           # what check_finite says, found while reading
+            r, c, got = tab.nonfinite
+            raise DataFormatError(path, f"edge features must be finite numbers, got {got!r}",
+                                  line=int(tab.lines[r]), field=f"feature_{c}")
+        edge_attr = torch.from_numpy(tab.features)
     log.info("read %s: %d events, %d nodes, %d feature columns", path, tab.num_rows,
              node_map.numel(), 0 if edge_attr is None else edge_attr.size(1))
-    return TemporalGraph.sorted(src, dst, torch.from_numpy(t), num_nodes=int(node_map.numel()),
-                                edge_attr=edge_attr, labels=torch.from_numpy(lab),
-                                node_map=node_map, name=name or stem(path))
+    del tab, users, items
+    return sort_by_time(src, dst, t, num_nodes=int(node_map.numel()),
+                        edge_attr=edge_attr, labels=torch.from_numpy(lab),
+                        node_map=node_map, name=name or stem(path))
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from tgl_dist.data.loaders._common import (PathLike, finite_values, head_lines, read_table, remap_nodes, node_ids,
-                                           timestamps)
+                                           sort_by_time, timestamps)
 from tgl_dist.errors import DataFormatError
 from tgl_dist.data.temporal import TemporalGraph
 
@@ -49,17 +49,21 @@ def load_konect(path: PathLike, name: Optional[str] = None, check_header: bool =
         raise DataFormatError(path, f"KONECT file has {tab.values.shape[1]} columns (src dst [weight]) and no "
                               "time column: it is not a temporal network", line=int(tab.lines[0]),
                               field="time")
-    src, dst, node_map = remap_nodes(node_ids(tab, 0, "src"), node_ids(tab, 1, "dst"))
+    u, v = node_ids(tab, 0, "src"), node_ids(tab, 1, "dst")
     w = finite_values(tab, 2, "weight", "weight")
-    t = torch.from_numpy(timestamps(tab, 3, "time"))
+    t = timestamps(tab, 3, "time")
+    E = tab.num_rows
     if check_header:
-        _check_edge_count(path, tab.num_rows)
+        _check_edge_count(path, E)
     edge_attr = None if bool((w == 1).all()) else torch.from_numpy(w.astype(np.float32)).view(-1, 1)
-    log.info("read %s: %d events, %d nodes, weights %s", path, tab.num_rows, node_map.numel(),
+    del tab, w
+    src, dst, node_map = remap_nodes(u, v)
+    del u, v
+    log.info("read %s: %d events, %d nodes, weights %s", path, E, node_map.numel(),
              "all ones (dropped)" if edge_attr is None else "kept as edge_attr")
     nm = path.name[4:] if path.name.startswith("out.") else path.name
-    return TemporalGraph.sorted(src, dst, t, num_nodes=int(node_map.numel()), edge_attr=edge_attr,
-                                node_map=node_map, name=name or nm)
+    return sort_by_time(src, dst, t, num_nodes=int(node_map.numel()), edge_attr=edge_attr,
+                        node_map=node_map, name=name or nm)
 
 
 def _check_edge_count(path: Path, rows: int) -> None:

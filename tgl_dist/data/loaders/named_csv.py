@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from tgl_dist.data.loaders._common import (PathLike, check_finite, head_lines, looks_like_header,
-                                           node_ids, read_table, remap_nodes, stem, timestamps)
+                                           node_ids, read_table, remap_nodes, sort_by_time, stem,
+                                           timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -127,5 +128,5 @@ def load_named_csv(path: PathLike, name: Optional[str] = None) -> TemporalGraph:
         edge_attr = torch.from_numpy(feats.astype(np.float32))
     log.info("read %s: %d events, %d nodes, edge features %s", path, tab.num_rows,
              node_map.numel(), [fields[k] for k in rest] or "none")
-    return TemporalGraph.sorted(src, dst, t, num_nodes=int(node_map.numel()), edge_attr=edge_attr,
-                                node_map=node_map, name=name or stem(path))
+    return sort_by_time(src, dst, t, num_nodes=int(node_map.numel()), edge_attr=edge_attr,
+                        node_map=node_map, name=name or stem(path))

@@ -10,9 +10,8 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-import torch
-
-from tgl_dist.data.loaders._common import PathLike, read_table, remap_nodes, node_ids, stem, timestamps
+from tgl_dist.data.loaders._common import (PathLike, read_table, remap_nodes, node_ids, sort_by_time, stem,
+                                           timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 
 log = logging.getLogger(__name__)
@@ -39,9 +38,12 @@ def load_snap(path: PathLike, name: Optional[str] = None) -> TemporalGraph:
     """
     path = Path(path)
     tab = read_table(path, names=FIELDS, min_cols=3, header=False)
-    src, dst, node_map = remap_nodes(node_ids(tab, 0, "src"), node_ids(tab, 1, "dst"))
-    t = torch.from_numpy(timestamps(tab, 2, "time"))
-    log.info("read %s: %d events, %d nodes", path, tab.num_rows, node_map.numel())
-    return TemporalGraph.sorted(src, dst, t, num_nodes=int(node_map.numel()), node_map=node_map,
-                                name=name or stem(path))
+    u, v, t = node_ids(tab, 0, "src"), node_ids(tab, 1, "dst"), timestamps(tab, 2, "time")
+    E = tab.num_rows
+    del tab                                  # the float64 table: free before remapping
+    src, dst, node_map = remap_nodes(u, v)
+    del u, v
+    log.info("read %s: %d events, %d nodes", path, E, node_map.numel())
+    return sort_by_time(src, dst, t, num_nodes=int(node_map.numel()), node_map=node_map,
+                        name=name or stem(path))
 

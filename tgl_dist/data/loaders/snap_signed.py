@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from tgl_dist.data.loaders._common import (PathLike, finite_values, node_ids, read_table,
-                                           remap_nodes, stem, timestamps)
+                                           remap_nodes, sort_by_time, stem, timestamps)
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -43,10 +43,14 @@ def load_snap_signed(path: PathLike, name: Optional[str] = None) -> TemporalGrap
         raise DataFormatError(path, f"the first line {','.join(tab.header)!r} is not a data row and not the "
                               f"header {','.join(FIELDS)!r} (the published files have no header)",
                               line=tab.header_line)
-    src, dst, node_map = remap_nodes(node_ids(tab, 0, "SOURCE"), node_ids(tab, 1, "TARGET"))
-    rating = finite_values(tab, 2, "RATING", "rating")
-    t = torch.from_numpy(timestamps(tab, 3, "TIME"))
-    log.info("read %s: %d events, %d nodes", path, tab.num_rows, node_map.numel())
-    return TemporalGraph.sorted(src, dst, t, num_nodes=int(node_map.numel()),
-                                edge_attr=torch.from_numpy(rating.astype(np.float32)).view(-1, 1),
-                                node_map=node_map, name=name or stem(path))
+    u, v = node_ids(tab, 0, "SOURCE"), node_ids(tab, 1, "TARGET")
+    rating = finite_values(tab, 2, "RATING", "rating").astype(np.float32)
+    t = timestamps(tab, 3, "TIME")
+    E = tab.num_rows
+    del tab
+    src, dst, node_map = remap_nodes(u, v)
+    del u, v
+    log.info("read %s: %d events, %d nodes", path, E, node_map.numel())
+    return sort_by_time(src, dst, t, num_nodes=int(node_map.numel()),
+                        edge_attr=torch.from_numpy(rating).view(-1, 1),
+                        node_map=node_map, name=name or stem(path))

@@ -106,4 +106,4 @@ def read_snapshot_csv(path: PathLike) -> SnapshotEdges:
         weight = finite_values(tab, col["weight"], "weight", "weight")
     return SnapshotEdges(_integers(tab, col["snapshot"], "snapshot", "snapshot"),
                          _integers(tab, col["src"], "src", "node id"),
-                         _integers(tab, col["dst"], "dst", "node id"), weight, tab.lines, path)
+                         _integers(tab, col["dst"], "dst", "node id"), weight, np.asarray(tab.lines), path)
