@@ -34,12 +34,12 @@ def _run(cmd, tmp_path):
 @pytest.mark.slow
 def test_plain_python_world_of_one(tmp_path):
     out = _run([sys.executable, str(SCRIPT), "--parts", str(tmp_path / "parts"), *TINY], tmp_path)
-    assert out["world_size"] == 1 and out["model"] == "TGN" and out["epochs"] == 1
+    assert out["world_size"] == 1 and out["model"] == "TGN_DyGLib-embedding" and out["epochs"] == 1
     assert 0.0 <= out["test_ap"] <= 1.0 and 0.0 < out["test_mrr"] <= 1.0
     assert out["train_events_per_s"] > 0
     # the run folder (default runs/<data>_<model>_<time>/ under the working directory)
     run = tmp_path / out["run_dir"]
-    assert run.parent == tmp_path / "runs" and run.name.startswith("synthetic_TGN_")
+    assert run.parent == tmp_path / "runs" and run.name.startswith("synthetic_TGN_DyGLib-embedding_")
     assert tmp_path / out["metrics_csv"] == run / "metrics.csv"
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     assert len(rows) == 1 and float(rows[0]["val_ap"]) == pytest.approx(out["val_ap"], abs=1e-5)
