@@ -101,12 +101,15 @@ def command(args, data: str, model: str, seed: int, out: Path) -> List[str]:
 
 
 def run_one(args, data: str, model: str, seed: int) -> Optional[dict]:
-    """Run (or read the finished) run of ``(data, model, seed)``; its summary."""
+    """Run (or read the finished) run of ``(data, model, seed)``; its summary (``None``:
+    failed, or not run with ``--no-run``)."""
     name = f"{data}_{Path(model).stem}_s{seed}_p{args.nproc}"
     out = Path(args.out) / name
     done = out / "summary.json"
     if done.exists():
         return json.loads(done.read_text())
+    if args.no_run:
+        return None
     cmd = command(args, data, model, seed, out)
     print(f"# {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -156,7 +159,8 @@ def table(args, results: Dict[Tuple[str, str], List[dict]]) -> Tuple[str, dict]:
                 pub = published(model, data, st)
                 agg[f"{data}/{model}/{st}"] = {"mean": ms[0], "std": ms[1], "runs": len(runs),
                                                "published": pub}
-                cells.append(fmt(ms) + (f" [{pub[0]:.2f} ± {pub[1]:.2f}]" if pub else ""))
+                n = "" if len(runs) == len(args.seeds) else f" (n={len(runs)})"
+                cells.append(fmt(ms) + n + (f" [{pub[0]:.2f} ± {pub[1]:.2f}]" if pub else ""))
             lines.append(f"| {Path(model).stem} | " + " | ".join(cells) + " |")
         lines.append("")
     lines.append("Commands (one per row and seed; `--seed` varies):")
@@ -186,6 +190,8 @@ def main(argv=None) -> dict:
     p.add_argument("--lr", type=float, default=None, help="--lr of each run")
     p.add_argument("--threads", type=int, default=None, help="--threads of each run")
     p.add_argument("--out", default="runs/reproduce", help="folder of the runs and table.md")
+    p.add_argument("--no-run", action="store_true",
+                   help="only tabulate the runs already in --out (a cell lists how many seeds it has)")
     args = p.parse_args(argv)
     results: Dict[Tuple[str, str], List[dict]] = {}
     for seed in args.seeds:            # seed-major: a stopped grid has every cell's first seeds
