@@ -9,6 +9,11 @@ import torch
 from tgl_dist.ctdg import RunSetupError, Trainer, parse_config
 from tgl_dist.testing import run_distributed
 
+# the README's second pytest run re-checks the models' torch path; the negative strategies
+# are evaluation logic above the kernels, checked once in the first run
+pytestmark = pytest.mark.skipif(__import__("os").environ.get("TGL_DIST_NO_KERNEL") == "1",
+                                reason="TGL_DIST_NO_KERNEL=1: evaluation logic, tested in the first run")
+
 SMALL = {"num_nodes": 60, "num_events": 900}
 ALL = ("random", "historical", "inductive")
 KEYS = ("val_ap", "test_ap", "test_auc", "test_mrr", "edgebank_test_ap", "edgebank_test_auc",

@@ -18,6 +18,11 @@ from tgl_dist.data import generate_synthetic
 from tgl_dist.data.loaders import tgb as ours
 from tgl_dist.testing import run_distributed
 
+# the README's second pytest run re-checks the models' torch path; TGB's protocol
+# is evaluation logic above the kernels, checked once in the first run
+pytestmark = pytest.mark.skipif(__import__("os").environ.get("TGL_DIST_NO_KERNEL") == "1",
+                                reason="TGL_DIST_NO_KERNEL=1: evaluation logic, tested in the first run")
+
 NAME = "tgbl-wiki"
 Q = 30          # negatives per positive asked of TGB's generator
 BATCH = 100     # events per step (all ranks); also EdgeBank's batches in the reference
