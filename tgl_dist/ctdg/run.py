@@ -175,3 +175,28 @@ def split_batch(batch_size: int, world_size: int, reorder: int = 0) -> Tuple[int
             raise RunSetupError(f"train.reorder {reorder} must divide the batch size {batch_size}")
         chunk = batch_size // reorder
     return batch_size // world_size, chunk
+
+
+class LoaderTap:
+    """A loader as ``run_epoch`` sees it, showing each step to :meth:`on_step` on the way
+    (before the step is scored; the same step index on every rank). Everything else
+    (``len``, attributes) is the wrapped loader's."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self):
+        for step, item in enumerate(self._loader):
+            roots, _, meta, _ = item
+            self.on_step(step, roots, meta)
+            yield item
+
+    def on_step(self, step: int, roots: Any, meta: Dict[str, Any]) -> None:
+        """Called with each step's roots and metadata (override)."""
+

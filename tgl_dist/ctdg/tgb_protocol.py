@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 import torch
 from torch import Tensor
 
-from tgl_dist.ctdg.run import RunSetupError
+from tgl_dist.ctdg.run import LoaderTap, RunSetupError
 from tgl_dist.data.loaders.tgb import TGB_DATASETS, tgb_negatives_for_events, tgb_spec
 from tgl_dist.dist.exchange import all_reduce_max_int, broadcast_object
 from tgl_dist.metrics import EdgeBankMetrics
@@ -107,37 +107,30 @@ class TGBProtocol:
         return TGBTap(loader, edgebank)
 
 
-class TGBTap:
+class TGBTap(LoaderTap):
     """One evaluation pass under TGB's protocol: wraps the loader (recording each step's
     padding mask, and feeding EdgeBank the real negatives with ``-1`` for padding) and
     collects TGB's ranks of the model's scores (:meth:`scores` wraps the trainer's
     metric fan-out)."""
 
     def __init__(self, loader: Any, edgebank: Optional[EdgeBankMetrics]) -> None:
-        self._loader, self._eb = loader, edgebank
+        super().__init__(loader)
+        self._eb = edgebank
         self.metrics = TGBMetrics(K_VALUE)
         self._mask: Optional[Tensor] = None     # [B, q] of the step being scored
 
-    def __getattr__(self, name: str):
-        return getattr(self._loader, name)
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __iter__(self):
-        for step, item in enumerate(self._loader):
-            roots, _, meta, _ = item
-            B, k = int(meta["num_pos"]), int(meta["neg_k"])
-            if "neg_mask" not in roots.extra:
-                raise RuntimeError("eval_protocol='tgb': the evaluation loader's negatives are "
-                                   "not TGB's (no roots.extra['neg_mask']); build it with "
-                                   "TGBProtocol.negatives[split]")
-            mask = roots.extra["neg_mask"].view(k, B).t()
-            self._mask = mask
-            if self._eb is not None:
-                nd = roots.extra["neg_dst"].view(k, B).t().masked_fill(~mask, -1)
-                self._eb.update(step, roots.src, roots.dst, nd)
-            yield item   # run_epoch scores this step before it asks for the next one
+    def on_step(self, step: int, roots: Any, meta: Dict[str, Any]) -> None:
+        # run_epoch scores this step before it asks for the next one: the mask is its own
+        B, k = int(meta["num_pos"]), int(meta["neg_k"])
+        if "neg_mask" not in roots.extra:
+            raise RuntimeError("eval_protocol='tgb': the evaluation loader's negatives are "
+                               "not TGB's (no roots.extra['neg_mask']); build it with "
+                               "TGBProtocol.negatives[split]")
+        mask = roots.extra["neg_mask"].view(k, B).t()
+        self._mask = mask
+        if self._eb is not None:
+            nd = roots.extra["neg_dst"].view(k, B).t().masked_fill(~mask, -1)
+            self._eb.update(step, roots.src, roots.dst, nd)
 
     def scores(self, main: Any, extra: Mapping[str, Any]) -> "_TGBScores":
         """The scores' fan-out: TGB's ranks (masked), ``main`` (AP / AUC against the first

@@ -33,7 +33,8 @@ from tgl_dist.checkpoint.manager import rng_state, set_rng_state
 from tgl_dist.ctdg.builder import build_model
 from tgl_dist.ctdg.config import ModelConfig
 from tgl_dist.ctdg.curves import CURVES, PLOT_HINT, have_matplotlib, plot_runs, read_run
-from tgl_dist.ctdg.run import RunSetupError, ensure_partition, make_run_dir, split_batch
+from tgl_dist.ctdg.run import (LoaderTap, RunSetupError, ensure_partition, make_run_dir,
+                               split_batch)
 from tgl_dist.ctdg import tgb_protocol
 from tgl_dist.ctdg.training import run_epoch
 from tgl_dist.dist import all_gather_v, broadcast_parameters, new_group, world
@@ -82,28 +83,19 @@ class _Scores:
             m.update(pos, neg, neg_k)
 
 
-class _Tap:
-    """The loader as ``run_epoch`` sees it, handing each step's positives and negatives to
-    EdgeBank's metrics on the way (the same step index on every rank)."""
+class _Tap(LoaderTap):
+    """The loader handing each step's positives and negatives to EdgeBank's metrics."""
 
     def __init__(self, loader, eb: EdgeBankMetrics) -> None:
-        self._loader, self._eb = loader, eb
+        super().__init__(loader)
+        self._eb = eb
 
-    def __getattr__(self, name: str):
-        return getattr(self._loader, name)
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __iter__(self):
-        for step, item in enumerate(self._loader):
-            roots, _, meta, _ = item
-            B, k = int(meta["num_pos"]), int(meta["neg_k"])
-            if k:
-                ns = roots.extra.get("neg_src")
-                self._eb.update(step, roots.src, roots.dst, roots.extra["neg_dst"].view(k, B).t(),
-                                None if ns is None else ns.view(k, B).t())
-            yield item
+    def on_step(self, step: int, roots, meta) -> None:
+        B, k = int(meta["num_pos"]), int(meta["neg_k"])
+        if k:
+            ns = roots.extra.get("neg_src")
+            self._eb.update(step, roots.src, roots.dst, roots.extra["neg_dst"].view(k, B).t(),
+                            None if ns is None else ns.view(k, B).t())
 
 
 class Trainer:

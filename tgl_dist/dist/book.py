@@ -77,11 +77,7 @@ class PartitionBook:
     def check_world(self, world_size: int) -> None:
         """``ValueError`` unless there is one rank per part: a part's local rows stand for
         rows that live in the other parts, so a group of another size would read wrong ones."""
-        if world_size != self.num_parts:
-            raise ValueError(f"the partition has {self.num_parts} parts but the process group "
-                             f"{world_size} ranks: one rank per part (run with "
-                             f"--nproc_per_node={self.num_parts}, or partition into "
-                             f"{world_size} parts)")
+        check_one_rank_per_part(self.num_parts, world_size)
 
     def state(self) -> dict:
         return {"owner": self.owner}
@@ -145,11 +141,7 @@ class EventBook:
 
     def check_world(self, world_size: int) -> None:
         """``ValueError`` unless there is one rank per part (as :meth:`PartitionBook.check_world`)."""
-        if world_size != self.num_parts:
-            raise ValueError(f"the partition has {self.num_parts} parts but the process group "
-                             f"{world_size} ranks: one rank per part (run with "
-                             f"--nproc_per_node={self.num_parts}, or partition into "
-                             f"{world_size} parts)")
+        check_one_rank_per_part(self.num_parts, world_size)
 
     def nbytes(self) -> int:
         """Bytes of this rank's directory entries (``owner`` and ``row``; mapped from the partition)."""
@@ -163,3 +155,12 @@ class EventBook:
 def directory_size(num_events: int, num_parts: int, rank: int) -> int:
     """How many of the eids ``0 .. E-1`` are ``rank`` mod ``P``: rank's directory entries."""
     return max(0, (int(num_events) - int(rank) + int(num_parts) - 1) // int(num_parts))
+
+
+def check_one_rank_per_part(num_parts: int, world_size: int) -> None:
+    """``ValueError`` unless a group of ``world_size`` ranks has one rank per part."""
+    if world_size != num_parts:
+        raise ValueError(f"the partition has {num_parts} parts but the process group "
+                         f"{world_size} ranks: one rank per part (run with "
+                         f"--nproc_per_node={num_parts}, or partition into "
+                         f"{world_size} parts)")
