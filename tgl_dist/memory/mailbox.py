@@ -266,7 +266,10 @@ class SharedMailBox:
             packed = fetch_rows(owner, local, self._serve, self.group)
             d, K, dm = self.dim_memory, self.mailbox_size, self.dim_mail
             mem, mts, mail, mailts = packed.split([d, 2, K * dm, 2 * K], 1)
-            mts, mail = _unbits(mts, torch.float64), mail.reshape(-1, K, dm)
+            # contiguous, as the local rows are: the compiled cells and the attention
+            # kernel take their fast path only on contiguous memory and mail ([U, d] copies)
+            mem, mail = mem.contiguous(), mail.reshape(-1, K, dm).contiguous()
+            mts = _unbits(mts, torch.float64)
             mailts = _unbits(mailts, torch.float64).view(-1, K)
         return {"ID": uniq, "first": first, "index": index, "mem": mem, "mem_ts": mts,
                 "mail": mail, "mail_ts": mailts}
