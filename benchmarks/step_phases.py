@@ -25,6 +25,10 @@ as many parts as ranks, in the order of ``run_epoch``; rank 0 reports its own ph
 process, so the machine's drift (10-20 % between runs on a shared VM) hits both alike;
 it reports the mean step of each.
 
+``--compare-deferred`` (with several ranks) alternates blocks of 10 steps between the
+mailbox's write-back sent at once (5 memory all-to-alls a step) and sent with the next
+step's memory request (:meth:`SharedMailBox.deferred_writes`, what ``run_epoch`` does: 3).
+
 ``--base REV --swap MODULE:ATTR [--swap ...]`` measures a code change the same way: the
 named attributes (a module-level function, or ``Class.method``) alternate every 10 steps
 between the working tree's version and the one at git revision ``REV`` (its ``tgl_dist``
@@ -128,6 +132,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compare-kernel-threads", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--compare-deferred", action="store_true",
+                    help="alternate blocks of 10 steps with and without the mailbox's deferred "
+                         "write-back (SharedMailBox.deferred_writes: 3 memory all-to-alls a step "
+                         "instead of 5; matters with several ranks)")
     ap.add_argument("--batch-size", type=int, default=None,
                     help="events per step over all ranks (default: the config's 200); a "
                          "small batch shows the fixed cost of a step")
@@ -139,8 +147,8 @@ def main() -> None:
     args = ap.parse_args()
     if bool(args.base) != bool(args.swap):
         ap.error("--base and --swap go together")
-    if args.swap and args.compare_kernel_threads:
-        ap.error("--swap and --compare-kernel-threads are two separate comparisons")
+    if sum(map(bool, (args.swap, args.compare_kernel_threads, args.compare_deferred))) > 1:
+        ap.error("--swap, --compare-kernel-threads and --compare-deferred are separate comparisons")
     swaps = _swaps(args.base, args.swap) if args.swap else []
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -176,7 +184,8 @@ def main() -> None:
     mailbox.reset()
     loader.set_epoch(0, 0)
     it = iter(loader)
-    modes = ("torch_threads", "one_thread") if not swaps else ("base", "working_tree")
+    modes = (("base", "working_tree") if swaps else ("immediate", "deferred") if args.compare_deferred
+             else ("torch_threads", "one_thread"))
     sums = {m: dict.fromkeys(PHASES, 0.0) for m in modes}
     counts, faults = dict.fromkeys(sums, 0), dict.fromkeys(sums, 0)
     prof = None
@@ -185,9 +194,14 @@ def main() -> None:
             mode = "working_tree" if (i // 10) % 2 else "base"
             for owner, name, base_value, new_value in swaps:
                 setattr(owner, name, base_value if mode == "base" else new_value)
+        elif args.compare_deferred:
+            mode = "deferred" if (i // 10) % 2 else "immediate"
         else:
             mode = ("one_thread" if args.compare_kernel_threads and (i // 10) % 2
                     else "torch_threads")
+        if mode == "immediate":               # run_epoch's loop runs deferred
+            mailbox.flush()
+        mailbox._defer = mode != "immediate"
         for k in kernels:
             k.threads = (lambda: 1) if mode == "one_thread" else own[id(k)]
         if i == args.warmup and args.profile and ctx.is_main:
@@ -235,7 +249,7 @@ def main() -> None:
         print(f"{mode:13s} ({n} steps): " + "  ".join(f"{p} {v:.2f}" for p, v in ms.items())
               + f"  | step {total:.2f} ms ({bs * W * 1e3 / total:.0f} events/s, "
               f"{faults[mode] / n:.0f} page faults)")
-        key = {"torch_threads": "", "working_tree": ""}.get(mode, f"{mode}_")
+        key = {"torch_threads": "", "working_tree": "", "deferred": ""}.get(mode, f"{mode}_")
         res.update({f"{key}{p}_ms": round(v, 3) for p, v in ms.items()})
         res[f"{key}step_ms"] = round(total, 3)
         res[f"{key}page_faults_per_step"] = round(faults[mode] / n, 1)

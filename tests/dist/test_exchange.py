@@ -1,7 +1,7 @@
 import torch
 import pytest
 
-from tgl_dist.dist import PartitionBook, fetch_rows, push_rows, AllToAllV, all_gather_v
+from tgl_dist.dist import PartitionBook, fetch_rows, push_rows, push_then_fetch, AllToAllV, all_gather_v
 from tgl_dist.testing import run_distributed
 
 
@@ -74,6 +74,54 @@ def test_fetch_push_two_ranks():
     assert r0[3] == r1[3] == [0, 0, 1]
     assert r0[4] == [[0.0, 1.0]] and r1[4] == [[2.0, 3.0], [4.0, 5.0], [0.0, 1.0]]
     assert r0[5] == [1.0, 1.0, 2.0] and r1[5] == [3.0]
+
+
+def _push_fetch_worker(world_of_one=False):
+    from tgl_dist import DistributedContext
+    ctx = DistributedContext.init()
+    W = 1 if world_of_one else ctx.world_size
+    owner = torch.tensor([0, 1, 0, 1, 1, 0]) % W
+    book = PartitionBook(owner)
+    out = []
+    for fused in (False, True):
+        table = book.owned_ids(ctx.rank if W > 1 else 0).float().view(-1, 1).repeat(1, 3)
+        applied = []
+
+        def apply(rows):            # rows [n, 4]: local row, then 3 values
+            applied.append(rows[:, 0].tolist())
+            table[rows[:, 0].long()] = rows[:, 1:]
+
+        # rank 0 pushes 3 rows (to both ranks), rank 1 none; uneven requests, repeats
+        if ctx.rank == 0:
+            pids = torch.tensor([3, 0, 4])
+            ids = torch.tensor([5, 1, 1, 2, 3])
+        else:
+            pids, ids = torch.tensor([], dtype=torch.long), torch.tensor([4])
+        push = torch.cat([book.to_local(pids).float().view(-1, 1),
+                          (pids.float() * 100).view(-1, 1).repeat(1, 3)], 1)
+        serve = lambda r: table[r] * 1.0  # noqa: E731
+        if fused:
+            rows = push_then_fetch(book.to_owner(pids), push, book.to_owner(ids),
+                                   book.to_local(ids), apply, serve)
+        else:
+            got = push_rows(book.to_owner(pids), book.to_local(pids), push)[1]
+            apply(got)
+            rows = fetch_rows(book.to_owner(ids), book.to_local(ids), serve)
+        out.append((rows.tolist(), applied))
+    return out
+
+
+@pytest.mark.distributed
+def test_push_then_fetch_is_push_rows_then_fetch_rows():
+    # one all-to-all fewer for the counts and one for the payload; each owner applies what
+    # it was pushed before it serves, so the fetched rows include the pushed values
+    for plain, fused in run_distributed(_push_fetch_worker, 2):
+        assert fused == plain
+    r0, r1 = run_distributed(_push_fetch_worker, 2)
+    assert r0[1][0] == [[5.0] * 3, [1.0] * 3, [1.0] * 3, [2.0] * 3, [300.0] * 3]
+    assert r1[1][0] == [[400.0] * 3]
+    single = _push_fetch_worker(world_of_one=True)
+    assert single[0] == single[1]
 
 
 def _async_worker():

@@ -193,6 +193,65 @@ def fetch_rows(owner: Tensor, local_row: Tensor, serve: Callable[[Tensor], Tenso
     return plan.backward(serve(asked))
 
 
+def push_then_fetch(push_owner: Tensor, push: Tensor, fetch_owner: Tensor, fetch_local: Tensor,
+                    apply: Callable[[Tensor], None], serve: Callable[[Tensor], Tensor],
+                    group=None) -> Tensor:
+    """Rows pushed to their owners and rows fetched from theirs, in 3 all-to-alls instead of 5.
+
+    What :func:`push_rows` then :func:`fetch_rows` do, with the push riding on the fetch's
+    request: one all-to-all of the ``[W, 2]`` counts (pushed rows, requested rows per
+    rank), one carrying each destination's pushed rows followed by the local rows it is
+    asked for, then the reply. Every owner applies what it was pushed (``apply``, on the
+    rows grouped by source rank as :func:`push_rows` returns them) before it serves
+    (``serve``), so the fetch reads the pushed values: the same result as the two calls.
+
+    Args:
+        push_owner: ``[n]`` owner rank of each pushed row.
+        push: ``[n, C]`` float32 rows (C the same on every rank; n may be 0).
+        fetch_owner / fetch_local: ``[m]`` owner rank and row in its table of each
+            requested item.
+        apply: called on every rank with the ``[n', C]`` rows pushed to it.
+        serve: as in :func:`fetch_rows`: local rows asked for -> ``[m', *]`` float32 rows.
+    Returns:
+        the requested rows in the caller's order, ``[m, *]``.
+    """
+    _, ws = world(group)
+    C = int(push.size(1))
+    if ws == 1:
+        apply(push)
+        return serve(fetch_local)
+    home = push.device
+    dev = comm_device(group)
+    p_perm = torch.sort(push_owner, stable=True).indices
+    f_perm = torch.sort(fetch_owner, stable=True).indices
+    counts = torch.stack([torch.bincount(push_owner, minlength=ws),
+                          torch.bincount(fetch_owner, minlength=ws)], 1)      # [W, 2]
+    recv = all_to_all_counts(counts.reshape(-1), group).view(ws, 2)
+    sc, rc = counts.tolist(), recv.tolist()
+    ids = fetch_local.index_select(0, f_perm).contiguous().view(torch.float32).view(-1, 2)
+    rows = push.index_select(0, p_perm)
+    pieces = []
+    for a, b in zip(rows.split([c[0] for c in sc]), ids.split([c[1] for c in sc])):
+        pieces += [a.reshape(-1), b.reshape(-1)]
+    send = _to(torch.cat(pieces), dev)
+    out = send.new_empty(sum(a * C + 2 * b for a, b in rc))
+    _guard(lambda: dist.all_to_all_single(out, send, output_split_sizes=[a * C + 2 * b for a, b in rc],
+                                          input_split_sizes=[a * C + 2 * b for a, b in sc],
+                                          group=group), "push and request")
+    out = _to(out, home)
+    got, asked = [], []
+    for seg, (a, b) in zip(out.split([a * C + 2 * b for a, b in rc]), rc):
+        got.append(seg[:a * C].view(a, C))
+        asked.append(seg[a * C:])
+    apply(torch.cat(got))
+    asked_rows = torch.cat(asked).view(torch.long)
+    reply = serve(asked_rows)
+    back = all_to_all_v(reply, [b for _, b in rc], [b for _, b in sc], group)
+    res = back.new_empty((int(fetch_owner.numel()),) + tuple(back.shape[1:]))
+    res[f_perm] = back
+    return res
+
+
 def push_rows(owner: Tensor, local_row: Tensor, *payloads: Tensor, group=None) -> Tuple[Tensor, ...]:
     """Send items with payloads to their owners (no reply).
 

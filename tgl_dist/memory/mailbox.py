@@ -22,8 +22,9 @@ The Mailbox API (the names users of StarryGL / the reference docs know):
   duplicates from several ranks and writes.
 
 Semantics: within a step, memory is read (``prepare_input``) before the step's events
-are applied; the updates of step k are written on every owner during step k, so
-every rank reads them from step k + 1 on.
+are applied; the updates of step k are written on every owner during step k (inside
+:meth:`SharedMailBox.deferred_writes`: at the start of step k + 1's read, before it is
+served), so every rank reads them from step k + 1 on.
 
 Worked example (2 ranks, owners of nodes 0..3 = ``[0, 1, 0, 1]``)::
 
@@ -41,7 +42,9 @@ from typing import Any, List, Mapping, Optional, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.dist import PartitionBook, Plan, fetch_rows, world
+from contextlib import contextmanager
+
+from tgl_dist.dist import PartitionBook, Plan, fetch_rows, push_then_fetch, world
 from tgl_dist.memory import _writeback
 from tgl_dist.memory.dedup import latest_per_key, mean_per_key
 from tgl_dist.nn.unique import unique_first
@@ -210,25 +213,58 @@ class SharedMailBox:
         self.mailbox = torch.zeros(n, K, self.dim_mail, device=self.device)
         self.mail_ts = torch.zeros(n, K, dtype=torch.float64, device=self.device)
         self.next_mail_pos = torch.zeros(n, dtype=torch.long, device=self.device)
+        self._defer = False     # inside deferred_writes(): the last exchange of updates waits
+        self._pending = None    # (owner [n], packed rows [n, C], layout, reduce_Op)
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Zero memory, mailbox and timestamps (every epoch start)."""
+        self._pending = None    # overwritten anyway
         for t in (self.memory, self.memory_ts, self.mailbox, self.mail_ts, self.next_mail_pos):
             t.zero_()
 
     def state_dict(self) -> dict:
-        """This rank's shard (for checkpoints)."""
+        """This rank's shard (for checkpoints; collective while a write is deferred)."""
+        self.flush()
         return {k: getattr(self, k).clone() for k in
                 ("memory", "memory_ts", "mailbox", "mail_ts", "next_mail_pos")}
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        self._pending = None    # the loaded state replaces it
         for k, v in state.items():
             cur = getattr(self, k)
             if cur.shape != v.shape:
                 raise ValueError(f"mailbox state '{k}' has shape {tuple(v.shape)}, this rank "
                                  f"holds {tuple(cur.shape)}")
             cur.copy_(v)
+
+    @contextmanager
+    def deferred_writes(self):
+        """Within this block, the all-to-all of the last :meth:`set_mailbox_all_to_all` (or
+        :meth:`update`) waits and rides on the next read's request (:meth:`prepare_input`,
+        :func:`tgl_dist.dist.push_then_fetch`): 3 all-to-alls a step for the memory instead
+        of 5, the same values (every owner writes before it serves). A second write, or
+        :meth:`state_dict`, sends a waiting one first; leaving the block sends it
+        (collective: every rank leaves together). :func:`tgl_dist.ctdg.run_epoch` trains
+        and evaluates inside it. On an exception the waiting write is dropped (no
+        collective on the way out of a failing step)."""
+        prev, self._defer = self._defer, True
+        try:
+            yield self
+        except BaseException:
+            self._pending = None
+            raise
+        finally:
+            self._defer = prev
+        if not prev:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send a write waiting under :meth:`deferred_writes` (collective; a no-op otherwise)."""
+        if self._pending is not None:
+            owner, packed, layout, op = self._pending
+            self._pending = None
+            self._apply(Plan(owner, self.group).forward(packed), layout, op)
 
     def _local(self, ids: Tensor) -> Tensor:
         return ids if self.book is None else self.book.to_local(ids)
@@ -263,7 +299,14 @@ class SharedMailBox:
             mem, mts, mail, mailts = self._rows(self._local(uniq))
         else:
             owner, local = self.book.locate(uniq)
-            packed = fetch_rows(owner, local, self._serve, self.group)
+            if self._pending is not None:    # this step's read carries the last step's write
+                p_owner, p_rows, layout, op = self._pending
+                self._pending = None
+                packed = push_then_fetch(p_owner, p_rows, owner, local,
+                                         lambda got: self._apply(got, layout, op),
+                                         self._serve, self.group)
+            else:
+                packed = fetch_rows(owner, local, self._serve, self.group)
             d, K, dm = self.dim_memory, self.mailbox_size, self.dim_mail
             mem, mts, mail, mailts = packed.split([d, 2, K * dm, 2 * K], 1)
             # contiguous, as the local rows are: the compiled cells and the attention
@@ -435,20 +478,30 @@ class SharedMailBox:
                 cols += [memory.detach().float().reshape(n, self.dim_memory), _bits(memory_ts.to(torch.float64))]
             if has_mail:
                 cols += [mail.detach().float().reshape(n, self.dim_mail), _bits(mail_ts.to(torch.float64))]
-            plan = Plan(owner, self.group)
-            got = plan.forward(torch.cat(cols, 1))
-            sizes = [2] + ([2] if order is not None else []) + \
-                ([self.dim_memory, 2] if has_mem else []) + ([self.dim_mail, 2] if has_mail else [])
-            parts = list(got.split(sizes, 1))
-            rows = _unbits(parts.pop(0), torch.long)
-            got_order = _unbits(parts.pop(0), torch.long) if order is not None else None
-            m = mts = ml = mlts = None
-            if has_mem:
-                m, mts = parts.pop(0), _unbits(parts.pop(0), torch.float64)
-            if has_mail:
-                ml, mlts = parts.pop(0), _unbits(parts.pop(0), torch.float64)
-            recv = (rows, m, mts, ml, mlts, got_order)
+            packed = torch.cat(cols, 1)
+            layout = (order is not None, has_mem, has_mail)
+            self.flush()                      # an earlier waiting write goes first
+            if self._defer:
+                self._pending = (owner, packed, layout, reduce_Op)
+                return
+            self._apply(Plan(owner, self.group).forward(packed), layout, reduce_Op)
+            return
         self._write(*recv, reduce_Op)
+
+    def _apply(self, got: Tensor, layout: Tuple[bool, bool, bool], reduce_Op: str) -> None:
+        """Write received packed updates ``[n, C]`` (rows grouped by source rank)."""
+        has_order, has_mem, has_mail = layout
+        sizes = [2] + ([2] if has_order else []) + \
+            ([self.dim_memory, 2] if has_mem else []) + ([self.dim_mail, 2] if has_mail else [])
+        parts = list(got.split(sizes, 1))
+        rows = _unbits(parts.pop(0), torch.long)
+        got_order = _unbits(parts.pop(0), torch.long) if has_order else None
+        m = mts = ml = mlts = None
+        if has_mem:
+            m, mts = parts.pop(0), _unbits(parts.pop(0), torch.float64)
+        if has_mail:
+            ml, mlts = parts.pop(0), _unbits(parts.pop(0), torch.float64)
+        self._write(rows, m, mts, ml, mlts, got_order, reduce_Op)
 
     def _write(self, rows, memory, memory_ts, mail, mail_ts, order, reduce_Op: str,
                distinct: bool = False) -> None:
