@@ -275,6 +275,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-ranks", action="store_true", help="only generate and partition")
     ap.add_argument("--generate-only", action="store_true", help="only generate (no partition, no ranks)")
     ap.add_argument("--out", default=None, help="partition folder (default: a temporary one)")
+    ap.add_argument("--ranks-only", action="store_true",
+                    help="skip generate + partition: use the partitions an earlier run with "
+                         "--skip-ranks left in --out")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per distributed run")
     args = ap.parse_args(argv)
     from tgl_dist.testing import run_distributed
@@ -287,11 +290,17 @@ def main(argv=None) -> int:
             N = max(2, int(E * args.nodes_ratio))
             out = str(Path(tmp) / f"E{E}")
             t0 = time.perf_counter()
-            prep = run_distributed(_prepare, 1, N, E, [] if args.generate_only else args.parts,
-                                   args.algo, out, args.edge_dim,
-                                   timeout=args.timeout)[0]
-            print(_table(f"== {E:,} events, {N:,} nodes: generate + partition (one process, "
-                         f"{time.perf_counter() - t0:.0f}s)", [prep]), flush=True)
+            if args.ranks_only:
+                if args.out is None or not (Path(out) / "scale").is_dir():
+                    ap.error(f"--ranks-only needs --out with the partitions of an earlier "
+                             f"--skip-ranks run: {Path(out) / 'scale'} not found")
+                prep = {"base_mib": None, "stages": {}}
+            else:
+                prep = run_distributed(_prepare, 1, N, E, [] if args.generate_only else args.parts,
+                                       args.algo, out, args.edge_dim,
+                                       timeout=args.timeout)[0]
+                print(_table(f"== {E:,} events, {N:,} nodes: generate + partition (one process, "
+                             f"{time.perf_counter() - t0:.0f}s)", [prep]), flush=True)
             entry = {"events": E, "nodes": N, "prepare": prep, "ranks": {},
                      "load_avg": os.getloadavg()}
             for P in ([] if args.skip_ranks or args.generate_only else args.parts):
