@@ -22,8 +22,15 @@ attributed by its caller to feature fetches, sampler requests, memory/mail, grad
 all-reduce or other: bytes this rank sends to other ranks per step (an all-reduce
 counts its tensor's size once).
 
+``--stagger``: the ranks build their partitioned T-CSR one at a time (a barrier loop over
+the ranks around that stage), so when all P ranks share one machine its total transient
+is one rank's build, not P at once; the per-rank figures are the same either way (each
+rank measures only its own build). ``--device cuda`` puts the model and the mailbox of
+the training passes on the GPU (``cuda:<local rank>``, gloo collectives; an error when
+CUDA is absent); the T-CSR and the sampler stay on the CPU.
+
 Run: ``python benchmarks/scale.py [--events 1000000 10000000] [--big] [--parts 1 2 4]
-[--algo metis_for_tgnn] [--steps 20]``. ``--big`` adds 10^8 events (needs ~10 GB at P=1).
+[--algo metis_for_tgnn] [--steps 20] [--stagger] [--device cpu|cuda]``. ``--big`` adds 10^8 events (needs ~10 GB at P=1).
 The last line is one JSON object.
 """
 from __future__ import annotations
@@ -173,7 +180,8 @@ def _prepare(num_nodes: int, num_events: int, parts, algo: str, out: str, edge_d
     return {"base_mib": round(meter.base["VmRSS"], 1), "stages": meter.rows}
 
 
-def _rank(root: str, algo: str, steps: int, batch: int, modes, full_max: int) -> dict:
+def _rank(root: str, algo: str, steps: int, batch: int, modes, full_max: int,
+          stagger: bool = False, device: str = "cpu") -> dict:
     """One rank's stages; returns its measurements and its bytes per step by exchange."""
     import torch
     import tgl_dist  # noqa: F401
@@ -186,7 +194,7 @@ def _rank(root: str, algo: str, steps: int, batch: int, modes, full_max: int) ->
     from tgl_dist.partition import partition_load
     from tgl_dist.sampling import NegativeSampling, NeighborSampler
 
-    ctx = DistributedContext.init()
+    ctx = DistributedContext.init(backend="gloo", use_gpu=device == "cuda")
     _instrument()
     cfg = load_config(CONFIG)
     meter = Meter()
@@ -200,12 +208,20 @@ def _rank(root: str, algo: str, steps: int, batch: int, modes, full_max: int) ->
     with meter.stage("graph_store"):
         graph = DistributedGraphStore(pdata)
     tcsr = {}
-    with meter.stage("tcsr partitioned") as x:
-        tcsr["partitioned"] = TemporalNeighborSampleGraph(pdata, mode="partitioned")
-        x["tcsr_mib"] = round(tcsr["partitioned"].nbytes() / MIB, 1)
+    turns = range(ctx.world_size) if stagger and ctx.world_size > 1 else [ctx.rank]
+    for turn in turns:       # --stagger: one rank builds at a time (no collective inside)
+        if len(turns) > 1:
+            ctx.barrier()
+        if turn != ctx.rank:
+            continue
+        with meter.stage("tcsr partitioned") as x:
+            tcsr["partitioned"] = TemporalNeighborSampleGraph(pdata, mode="partitioned")
+            x["tcsr_mib"] = round(tcsr["partitioned"].nbytes() / MIB, 1)
+    if len(turns) > 1:
+        ctx.barrier()
     with meter.stage("mailbox") as x:
         mb = SharedMailBox(pdata.num_local_nodes, cfg.memory, graph.edge_feat_dim,
-                           partition_book=pdata.book)
+                           partition_book=pdata.book, device=ctx.device)
         x["mailbox_mib"] = _tensor_mib(mb.memory, mb.memory_ts, mb.mailbox, mb.mail_ts)
     ev = graph.split_events("train")
     ev = ev.select(ev.eid < steps * batch)         # the first steps * batch training events
@@ -222,9 +238,9 @@ def _rank(root: str, algo: str, steps: int, batch: int, modes, full_max: int) ->
         loader = DistributedDataLoader(graph, ev, sampler=sampler,
                                        neg_sampler=NegativeSampling("triplet", "random", 1),
                                        batch_size=max(1, batch // ctx.world_size), mailbox=mb,
-                                       queue_size=0)
+                                       queue_size=0, device=ctx.device)
         torch.manual_seed(0)
-        model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim)
+        model = build_model(cfg, graph.node_feat_dim, graph.edge_feat_dim).to(ctx.device)
         opt = build_optimizer(model, lr=1e-4)
         n = [0]
         _COUNT["bytes"].clear()
@@ -279,7 +295,15 @@ def main(argv=None) -> int:
                     help="skip generate + partition: use the partitions an earlier run with "
                          "--skip-ranks left in --out")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per distributed run")
+    ap.add_argument("--stagger", action="store_true",
+                    help="ranks build their partitioned T-CSR one at a time (per-rank figures unchanged)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="device of the training passes' model and mailbox (default cpu)")
     args = ap.parse_args(argv)
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: CUDA is not available on this machine (no GPU visible)")
     from tgl_dist.testing import run_distributed
 
     sizes = [int(e) for e in args.events] + ([10 ** 8] if args.big else [])
@@ -306,7 +330,7 @@ def main(argv=None) -> int:
             for P in ([] if args.skip_ranks or args.generate_only else args.parts):
                 per_rank = run_distributed(_rank, P, str(Path(out) / "scale"), args.algo, args.steps,
                                            args.batch, args.modes, int(args.full_max_events),
-                                           timeout=args.timeout)
+                                           args.stagger, args.device, timeout=args.timeout)
                 entry["ranks"][P] = per_rank
                 print(_table(f"== {E:,} events, P={P} (largest rank per stage; load "
                              f"{os.getloadavg()[0]:.1f})", per_rank), flush=True)
@@ -324,6 +348,7 @@ def main(argv=None) -> int:
         if args.out is None:
             shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"benchmark": "scale", "algo": args.algo, "steps": args.steps,
+                      "stagger": args.stagger, "device": args.device,
                       "batch": args.batch, "cpus": os.cpu_count(), "machine": platform.machine(),
                       "results": results}))
     return 0

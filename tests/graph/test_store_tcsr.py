@@ -44,6 +44,23 @@ def _blocks(mfgs):
             for b in mfgs]
 
 
+def _rows(pdata, full, part):
+    """Partitioned mode holds the rows of owned nodes only, each as in the full T-CSR; the
+    kernel's records are the T-CSR's own storage."""
+    from tgl_dist.sampling._ckernel import records
+    nodes = torch.arange(full.num_nodes)
+    own = part.owns(nodes)
+    deg = part.degree(nodes)
+    fr = torch.cat([torch.arange(int(full.indptr[n]), int(full.indptr[n + 1])) for n in nodes[own].tolist()])
+    same = (torch.equal(part.nbr, full.nbr[fr]) and torch.equal(part.ts, full.ts[fr])
+            and torch.equal(part.eid, full.eid[fr]))
+    shared = all(records(g).rec.data_ptr() == g.rec.data_ptr() and records(g).ts.data_ptr() == g.ts.data_ptr()
+                 for g in (full, part))
+    return dict(num_rows=part.num_rows, owned_rows=int(deg[own].sum()), other_rows=int(deg[~own].sum()),
+                full_rows=full.num_rows, same=same, shared=shared,
+                twins=int((part.twin >= 0).sum()), num_owned=int(own.sum()))
+
+
 def _roots(pdata):
     m = pdata.train_mask
     src, dst, t = pdata.edge_index[0][m][-400:], pdata.edge_index[1][m][-400:], pdata.edge_ts[m][-400:]
@@ -74,11 +91,14 @@ def _worker(root):
         remote = str(e)
     out = {"nf": (ask_n, nf), "ef": (ask_e, ef), "roots": (nodes, ts),
            "part_events": part.num_events, "full_events": full.num_events,
+           "rows": _rows(pdata, full, part),
            "by_eid": (own, graph.edge_attr[own], graph.edge_attr.shape, remote)}
     for policy in ("recent", "uniform"):
         sf = NeighborSampler(N, 2, [10, 5], full, policy=policy, seed=7)
         sp = NeighborSampler(N, 2, [10, 5], part, policy=policy, seed=7)
         out[policy] = (_blocks(sf.sample(nodes, ts, epoch=3)), _blocks(sp.sample(nodes, ts, epoch=3)))
+        st = NeighborSampler(N, 2, [10, 5], part, policy=policy, seed=7, backend="torch")
+        out[policy + "_torch"] = _blocks(st.sample(nodes, ts, epoch=3))
     # a rank with no roots still takes part in the partitioned exchange
     empty = torch.zeros(0, dtype=torch.long)
     sp = NeighborSampler(N, 2, 10, part, policy="recent")
@@ -106,6 +126,12 @@ def test_two_ranks_match_one_process(parts):
     # full mode holds every event; partitioned only the rank's neighbourhoods
     assert res[0]["full_events"] == res[1]["full_events"] == g.num_events
     assert res[0]["part_events"] < g.num_events and res[1]["part_events"] < g.num_events
+    # partitioned: only owned nodes' rows (both ranks' together: every row once)
+    rows = [res[r]["rows"] for r in range(2)]
+    for x in rows:
+        assert x["same"] and x["shared"] and x["other_rows"] == 0 and x["num_rows"] == x["owned_rows"]
+        assert 0 < x["twins"] < x["num_rows"]   # cross-partition events: twin -1
+    assert rows[0]["num_rows"] + rows[1]["num_rows"] == rows[0]["full_rows"] == 2 * g.num_events
     # single-process reference on the whole graph
     ref_graph = TemporalNeighborSampleGraph(dict(src=g.src, dst=g.dst, t=g.t, eid=g.eid), "full",
                                             num_nodes=g.num_nodes)
@@ -115,6 +141,9 @@ def test_two_ranks_match_one_process(parts):
             ref = _blocks(NeighborSampler(g.num_nodes, 2, [10, 5], ref_graph, policy=policy, seed=7)
                           .sample(nodes, ts, epoch=3))
             full, part = res[r][policy]
+            part_torch = res[r][policy + "_torch"]
+            for a, b in zip(ref, part_torch):
+                assert all(torch.equal(x, y) for x, y in zip(a[:5], b[:5])) and a[5] == b[5], (r, policy, "torch")
             assert sum(b[2].numel() for b in ref) > 1000
             for a, b, c in zip(ref, full, part):
                 for x, y, z in zip(a[:5], b[:5], c[:5]):

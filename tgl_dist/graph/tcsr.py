@@ -1,36 +1,48 @@
 """``TemporalNeighborSampleGraph``: the T-CSR structure the temporal sampler searches.
 
-For every node, its incident events (both directions: an event ``u -> v`` is listed
-under ``u`` with neighbour ``v`` and under ``v`` with neighbour ``u``) sorted by
-``(time, eid)``. Arrays::
+For every node held here, its incident events (both directions: an event ``u -> v`` is
+listed under ``u`` with neighbour ``v`` and under ``v`` with neighbour ``u``) sorted by
+``(time, eid)``. Arrays, for R rows::
 
     indptr [N + 1]   node n's events are rows indptr[n] : indptr[n + 1]
-    nbr    [2E]      the other endpoint (global id)
-    ts     [2E]      event time (float64)
-    eid    [2E]      event id (global)
-    key    [2E]      sorted search key, so one ``torch.searchsorted`` finds "events of n
-                     before t": ``node * span + (t - t_min)`` (float64, exact) when times
-                     are integers, else ``node * (U + 1) + rank of t among the U distinct
+    rec    [R, 4]    int64 rows {nbr, eid, time bits, twin}: the compiled sampler's packed
+                     records (tgl_dist/sampling/_ckernel.py reads this very tensor, no copy)
+    nbr    [R]       rec[:, 0], the other endpoint (global id)    } column views
+    eid    [R]       rec[:, 1], the event id (global)             } of rec
+    twin   [R]       rec[:, 3], the row of the same event in the neighbour's list, -1 when
+                     that list is not held here (a search hint of the kernel's next hop)
+    ts     [R]       event time (float64, contiguous: the kernel's binary searches)
+    key    [R]       sorted search key of :meth:`before` (the torch path), built on its first
+                     call: ``node * span + (t - t_min)`` (float64, exact) when times are
+                     integers, else ``node * (U + 1) + rank of t among the U distinct
                      times`` (int64, plus the distinct times)
+
+Memory: 40 bytes a row (rec 32, ts 8) plus ``8 (N + 1)``, and 8 more a row once the torch
+path has built ``key``; the sampling kernel adds only its per-node hints (8 N). The build's
+transient peak above that is about 4 bytes a row (plus 8 an event when the events are not
+in time order): at 10^7 events, one process, 771 MiB held and +114 MiB at the peak (the
+old layout: 618 MiB, +2,000 MiB, and 630 MiB more of kernel records on first sampling).
 
 Two modes:
 
 * ``'full'``: every rank holds the structure of the WHOLE graph, built from all
-  ranks' owned events gathered with :func:`tgl_dist.dist.all_gather_v`. Memory per
-  rank: ``(8 + 8 + 8 + 8) * 2E + 8 (N + 1)`` bytes (nbr, ts, eid, key per
-  direction; indptr; plus 8 U for U distinct non-integer times), about 64 bytes per event: 10 MB for Wikipedia
-  (157 k events), 56 MB for facebook-wall (877 k), 64 GB for a 1 G-event graph.
-  Sampling needs no communication.
-* ``'partitioned'``: a rank keeps only the neighbourhoods of the nodes it owns
-  (``pdata.sample_graph`` holds every event with an owned endpoint, so those
-  neighbourhoods are complete). Memory scales with the partition. The sampler sends
-  ``(node, query time)`` requests for every root to its owner by all-to-all and the
-  owner answers; sampling randomness is a function of (seed, node, time), so both
-  modes return identical samples.
+  ranks' owned events gathered with :func:`tgl_dist.dist.all_gather_v`: R = 2E rows,
+  80 bytes an event (96 with the torch path's key), plus ``8 (N + 1)``: 12 MB for
+  Wikipedia (157 k events), 70 MB for facebook-wall (877 k), 80 GB for a 1 G-event
+  graph. Sampling needs no communication.
+* ``'partitioned'``: a rank keeps only the rows of the nodes it owns (``pdata.sample_graph``
+  holds every event with an owned endpoint, so those neighbourhoods are complete; the
+  rows of its non-owned endpoints are dropped): R = the owned nodes' degrees summed, so
+  over the P ranks every row is held once, 80 / P bytes an event per rank on a balanced
+  partition. A non-owned node has zero rows here (``degree`` 0, ``before`` an empty
+  range); the sampler never asks for one (it sends ``(node, query time)`` requests for
+  every root to its owner by all-to-all and the owner answers). Sampling randomness is
+  a function of (seed, node, time), so both modes return identical samples.
 """
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Optional, Tuple
 
 import torch
@@ -41,13 +53,13 @@ from tgl_dist.dist import PartitionBook, all_gather_v, world
 log = logging.getLogger(__name__)
 
 MODES = ("full", "partitioned")
+_CHUNK = 1 << 18   # rows per gather of the build
 
 # Peak bytes per event of building and using a full T-CSR on one rank: the structure
-# (64 bytes an event, above), its build's transient (the gather and sorts, about 3.3x the
-# structure) and the compiled sampler's records (a second copy, 64 bytes an event).
-# Measured at 10^7 events: +2,000 MiB build peak over a 618 MiB structure, 630 MiB of
-# records (benchmarks/RESULTS.md, "Scale").
-FULL_PEAK_BYTES_PER_EVENT = 64 + 3.3 * 64 + 64
+# (80 bytes an event, above), the torch path's key (16), the build's transient (measured
+# +114 MiB at 10^7 events: 12, rounded up to 16) and, on P > 1 ranks, the gathered events
+# the build reads (src, dst, t, eid: 32).
+FULL_PEAK_BYTES_PER_EVENT = 80 + 16 + 16 + 32
 
 
 def available_memory() -> int:
@@ -133,6 +145,11 @@ class TemporalNeighborSampleGraph:
     ``eid`` (an event with endpoints on two ranks is held by both), so passing each
     rank's ``sample_graph`` builds the whole graph. This is a collective when a
     process group is initialised: every rank must construct it.
+
+    ``num_events`` is E' (the events indexed, after that gather), ``num_rows`` R (the rows
+    held: 2E' in 'full' mode, the owned endpoints' in 'partitioned'). Rows of equal
+    ``(node, time, eid)`` (a self-loop's two, or events sharing an id) keep the events'
+    input order.
     """
 
     def __init__(self, sample_graph: Any, mode: str = "full", num_nodes: Optional[int] = None,
@@ -165,6 +182,7 @@ class TemporalNeighborSampleGraph:
             raise ValueError(f"sample_graph has node id {int(torch.maximum(src.max(), dst.max()))} "
                              f">= num_nodes={self.num_nodes}")
         self.num_events = int(eid.numel())
+        self._key_lock = threading.Lock()
         self._build(src, dst, t, eid)
         log.info("T-CSR (%s) on rank %d: %d nodes, %d events, %.1f MB", mode, self.rank,
                  self.num_nodes, self.num_events, self.nbytes() / 2**20)
@@ -184,19 +202,100 @@ class TemporalNeighborSampleGraph:
         return src[sel], dst[sel], t[sel], eid[sel]
 
     def _build(self, src: Tensor, dst: Tensor, t: Tensor, eid: Tensor) -> None:
-        node = torch.cat([src, dst])
-        nbr = torch.cat([dst, src])
-        ts = torch.cat([t, t])
-        ids = torch.cat([eid, eid])
-        # sort by (node, time, eid): eid first, then stable sorts on time and node
-        o = torch.sort(ids, stable=True).indices
-        o = o[torch.sort(ts[o], stable=True).indices]
-        o = o[torch.sort(node[o], stable=True).indices]
-        node, self.nbr, self.ts, self.eid = node[o], nbr[o], ts[o], ids[o]
-        counts = torch.bincount(node, minlength=self.num_nodes)
+        """Rows sorted by ``(node, time, eid)``, written straight into the packed table.
+
+        One stable sort of the rows' nodes (int32) over rows already in ``(time, eid)``
+        order; its permutation is parked in the table's twin column and every output is
+        gathered into place a chunk at a time, so the peak above the final structure (40
+        bytes a row) is about 4 bytes a row (the sorted nodes, then the inverse
+        permutation), plus 8 bytes an event when the events are not already in time order.
+        """
+        E = int(src.numel())
+        # 1. events in (time, eid) order (skipped when they already are, the usual case)
+        o_ev = None
+        if E > 1:
+            d = t[1:] - t[:-1]
+            inorder = bool(((d > 0) | ((d == 0) & (eid[1:] >= eid[:-1]))).all())
+            del d
+            if not inorder:
+                o_ev = torch.sort(eid, stable=True).indices
+                o_ev = o_ev.index_select(0, torch.sort(t.index_select(0, o_ev), stable=True).indices)
+        small = self.num_nodes < 2 ** 31 and 2 * E < 2 ** 31
+        itype = torch.int32 if small else torch.long
+        # 2. rows in event order: kept row q of event position p is its src side, then its
+        #    dst side; 'partitioned' keeps only the rows of owned nodes
+        if self.mode == "partitioned" and self.world_size > 1:
+            own_s = self.book.to_owner(src) == self.rank
+            own_d = self.book.to_owner(dst) == self.rank
+            if o_ev is not None:
+                own_s, own_d = own_s.index_select(0, o_ev), own_d.index_select(0, o_ev)
+            rid = torch.stack([own_s, own_d], 1).view(-1).nonzero().view(-1)
+            del own_s, own_d
+            pos = rid >> 1
+            # kept rows q, q + 1 of the same event (both endpoints owned) are twins
+            has_next = torch.zeros(rid.numel(), dtype=torch.bool)
+            torch.eq(pos[1:], pos[:-1], out=has_next[:-1])
+            evr = pos if o_ev is None else o_ev.index_select(0, pos)   # event of kept row q
+            del pos
+            node_r = torch.where((rid & 1).bool(), dst.index_select(0, evr), src.index_select(0, evr))
+            node_r = node_r.to(itype)
+            evr = evr.to(itype)
+            del rid
+        else:
+            node_r = torch.empty(2 * E, dtype=itype)
+            node_r[0::2] = src if o_ev is None else src.index_select(0, o_ev)
+            node_r[1::2] = dst if o_ev is None else dst.index_select(0, o_ev)
+            has_next = None   # rows 2p, 2p + 1 of event position p
+            evr = None        # event of kept row q: o_ev[q >> 1]
+        R = int(node_r.numel())
+        # 3. one stable sort by node: (node, time, eid) order
+        node_s, perm = torch.sort(node_r, stable=True)
+        del node_r
         self.indptr = torch.zeros(self.num_nodes + 1, dtype=torch.long)
-        torch.cumsum(counts, 0, out=self.indptr[1:])
-        # search key: node-major, time-minor, sorted
+        torch.cumsum(torch.bincount(node_s, minlength=self.num_nodes), 0, out=self.indptr[1:])
+        rec = torch.empty(R, 4, dtype=torch.long)   # {nbr, eid, time bits, twin}
+        rec[:, 3] = perm   # kept row of each row, until the twins replace it
+        del perm
+        # 4. every column gathered into place, a chunk of rows at a time
+        self.ts = torch.empty(R, dtype=torch.float64)
+        for c0 in range(0, R, _CHUNK):
+            c1 = min(c0 + _CHUNK, R)
+            q = rec[c0:c1, 3].clone()
+            if evr is not None:
+                e = evr.index_select(0, q)
+            else:
+                e = q >> 1 if o_ev is None else o_ev.index_select(0, q >> 1)
+            nb = src.index_select(0, e)
+            nb += dst.index_select(0, e)
+            nb -= node_s[c0:c1]      # the other endpoint: src + dst - node
+            rec[c0:c1, 0] = nb
+            rec[c0:c1, 1] = eid.index_select(0, e)
+            torch.index_select(t, 0, e, out=self.ts[c0:c1])
+        del node_s, evr, o_ev
+        rec[:, 2] = self.ts.view(torch.long)
+        # 5. twins: the row of the same event in the neighbour's list (-1: not held here)
+        inv = torch.empty(R, dtype=itype)   # row of kept row q
+        for c0 in range(0, R, _CHUNK):
+            c1 = min(c0 + _CHUNK, R)
+            inv.index_copy_(0, rec[c0:c1, 3].clone(), torch.arange(c0, c1, dtype=itype))
+        for c0 in range(0, R, _CHUNK):
+            c1 = min(c0 + _CHUNK, R)
+            q = rec[c0:c1, 3].clone()
+            if has_next is None:
+                rec[c0:c1, 3] = inv.index_select(0, q ^ 1)
+            else:
+                nxt = has_next.index_select(0, q)
+                prv = has_next.index_select(0, (q - 1).clamp_(min=0)) & (q > 0)
+                partner = torch.where(nxt, q + 1, q - 1).clamp_(0, max(R - 1, 0))
+                rec[c0:c1, 3] = torch.where(nxt | prv, inv.index_select(0, partner), -1)
+        del inv, has_next
+        self.rec = rec
+        self.key, self.times = None, None   # built on the first before() (the torch path)
+
+    def _build_key(self) -> None:
+        """The search key of :meth:`before` (torch path only; the kernel searches ``ts``)."""
+        ts = self.ts
+        node = torch.repeat_interleave(torch.arange(self.num_nodes), self.indptr.diff())
         self._tmin = float(ts.min()) if ts.numel() else 0.0
         span = float(ts.max()) - self._tmin + 1 if ts.numel() else 1.0
         integral = bool((ts == torch.floor(ts)).all()) if ts.numel() else True
@@ -204,25 +303,53 @@ class TemporalNeighborSampleGraph:
             # integer times: one float64 key node * span + (t - tmin) is exact
             self._span = span
             self.times = None
-            self.key = node.to(torch.float64) * span + (self.ts - self._tmin)
+            key = node.to(torch.float64)
+            del node
+            key *= span
+            key += ts - self._tmin
         else:
             # general times: node * (U + 1) + rank of t among the U distinct times (int64)
-            self.times, trank = torch.unique(self.ts, sorted=True, return_inverse=True)
+            self.times, trank = torch.unique(ts, sorted=True, return_inverse=True)
             self._span = int(self.times.numel()) + 1
-            self.key = node * self._span + trank
+            key = node * self._span + trank
+        self.key = key
+
+    @property
+    def nbr(self) -> Tensor:
+        """``[R]`` the other endpoint of each row (a column view of :attr:`rec`)."""
+        return self.rec[:, 0]
+
+    @property
+    def eid(self) -> Tensor:
+        """``[R]`` the event id of each row (a column view of :attr:`rec`)."""
+        return self.rec[:, 1]
+
+    @property
+    def twin(self) -> Tensor:
+        """``[R]`` the row of the same event in the neighbour's list, -1 where not held."""
+        return self.rec[:, 3]
+
+    @property
+    def num_rows(self) -> int:
+        """R: rows held here (2 per event in 'full' mode, the owned endpoints' in 'partitioned')."""
+        return int(self.rec.size(0))
 
         # ---------------------------------------------------------------- queries
     def before(self, nodes: Tensor, ts: Tensor) -> Tuple[Tensor, Tensor]:
         """Row range of each node's events strictly before its query time.
 
         Args:
-            nodes: global ids ``[R]`` (must be held here: any node in 'full' mode, owned
-                nodes in 'partitioned' mode).
+            nodes: global ids ``[R]`` (held here: any node in 'full' mode, owned nodes in
+                'partitioned' mode; a node another rank owns gets an empty range).
             ts: query times ``[R]`` (float64).
         Returns:
             ``(start, end)`` ``[R]`` each: rows ``start:end`` are the node's events with
             time ``< ts``, in ``(time, eid)`` order.
         """
+        if self.key is None:
+            with self._key_lock:
+                if self.key is None:
+                    self._build_key()
         ts = ts.to(torch.float64)
         if self.times is None:  # integer event times: t < q  <=>  t < ceil(q)
             q = (torch.ceil(ts) - self._tmin).clamp_(0.0, self._span)
@@ -233,7 +360,8 @@ class TemporalNeighborSampleGraph:
         return self.indptr.index_select(0, nodes), end
 
     def degree(self, nodes: Tensor) -> Tensor:
-        """Number of incident events of each node held here, ``[R]``."""
+        """Number of rows of each node held here, ``[R]`` (in 'partitioned' mode 0 for a
+        node another rank owns)."""
         return self.indptr[nodes + 1] - self.indptr[nodes]
 
     def owns(self, nodes: Tensor) -> Tensor:
@@ -245,7 +373,7 @@ class TemporalNeighborSampleGraph:
     def nbytes(self) -> int:
         """Bytes held by the structure on this rank."""
         return sum(x.numel() * x.element_size()
-                   for x in (self.indptr, self.nbr, self.ts, self.eid, self.key, self.times)
+                   for x in (self.indptr, self.rec, self.ts, self.key, self.times)
                    if x is not None)
 
     def __repr__(self) -> str:

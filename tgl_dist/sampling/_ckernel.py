@@ -31,13 +31,17 @@ log = logging.getLogger(__name__)
 class Records:
     """What the kernel reads from one T-CSR, built once per graph (see :func:`records`).
 
+    It holds no copy of the graph: ``indptr``, ``ts`` and ``rec`` ARE the T-CSR's own
+    tensors (:class:`tgl_dist.graph.TemporalNeighborSampleGraph` builds its rows in the
+    kernel's layout), so the kernel adds only ``node_hint`` (8 bytes a node).
+
     Attributes:
-        indptr: ``[N + 1]``; ts: ``[2E]`` float64 (the T-CSR's own tensors, contiguous).
-        rec: ``[2E, 4]`` int64 rows ``{nbr, eid, time bits, twin}``: one 32-byte record
+        indptr: ``[N + 1]``; ts: ``[R]`` float64 (contiguous: the kernel's binary searches).
+        rec: ``[R, 4]`` int64 rows ``{nbr, eid, time bits, twin}``: one 32-byte record
             per T-CSR row, so a sampled edge costs one cache miss instead of three;
             ``twin`` is the row of the same event in the neighbour's list (-1 if the
             neighbour's list is not held here): the next hop's binary search for that
-            neighbour starts there. 64 bytes per event.
+            neighbour starts there.
         node_hint: ``[N]`` per node, the row where its last search (with no better hint)
             ended: in chronological replay the next query of the node lands near it.
             Updated by the kernel; a hint only changes the search's speed, never its
@@ -45,27 +49,20 @@ class Records:
     """
 
     def __init__(self, g) -> None:
-        self.indptr = g.indptr.contiguous()
-        self.ts = g.ts.contiguous()
-        n = int(g.eid.numel())
-        rec = torch.empty(n, 4, dtype=torch.long)
-        rec[:, 0] = g.nbr
-        rec[:, 1] = g.eid
-        rec[:, 2] = self.ts.view(torch.long)
-        rec[:, 3] = -1
-        if n > 1:
-            order = torch.sort(g.eid, stable=True).indices
-            se = g.eid.index_select(0, order)
-            i = (se[1:] == se[:-1]).nonzero().view(-1)
-            a, b = order.index_select(0, i), order.index_select(0, i + 1)
-            rec[a, 3] = b
-            rec[b, 3] = a
-        self.rec = rec
+        for name in ("indptr", "ts", "rec"):
+            x = getattr(g, name)
+            if not x.is_contiguous():
+                raise ValueError(f"sampling kernel: the T-CSR's {name} must be contiguous")
+        if g.rec.dim() != 2 or g.rec.size(1) != 4 or g.rec.dtype != torch.long:
+            raise ValueError(f"sampling kernel: the T-CSR's rec must be [R, 4] int64, got "
+                             f"{tuple(g.rec.shape)} {g.rec.dtype}")
+        self.indptr, self.ts, self.rec = g.indptr, g.ts, g.rec
         self.num_nodes = int(self.indptr.numel()) - 1
         self.node_hint = torch.full((self.num_nodes,), -1, dtype=torch.long)
 
     def nbytes(self) -> int:
-        return int(self.rec.numel() + self.node_hint.numel()) * 8
+        """Bytes the kernel adds to the T-CSR's (its ``node_hint``)."""
+        return int(self.node_hint.numel()) * 8
 
 
 _records: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -78,7 +75,7 @@ def records(g) -> Records:
         r = _records.get(g)
         if r is None:
             r = _records[g] = Records(g)
-            log.info("sampling kernel: %.1f MB of packed records for %r", r.nbytes() / 2**20, g)
+            log.info("sampling kernel: %.1f MB of search hints for %r", r.nbytes() / 2**20, g)
         return r
 
 
