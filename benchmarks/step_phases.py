@@ -29,6 +29,11 @@ it reports the mean step of each.
 mailbox's write-back sent at once (5 memory all-to-alls a step) and sent with the next
 step's memory request (:meth:`SharedMailBox.deferred_writes`, what ``run_epoch`` does: 3).
 
+``--compare-late`` (several ranks) alternates blocks of 10 steps between the optimizer
+step at the end of its step and after the next step's load (``run_epoch``'s order: the
+gradient all-reduce travels while the next step is sampled and its memory read); the
+``optimizer`` phase counts the wait and Adam wherever they happen.
+
 ``--base REV --swap MODULE:ATTR [--swap ...]`` measures a code change the same way: the
 named attributes (a module-level function, or ``Class.method``) alternate every 10 steps
 between the working tree's version and the one at git revision ``REV`` (its ``tgl_dist``
@@ -132,6 +137,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compare-kernel-threads", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--compare-late", action="store_true",
+                    help="alternate blocks of 10 steps with the optimizer step at the step's end "
+                         "and after the next step's load (run_epoch's order on several ranks: "
+                         "the gradients travel while the next step is sampled and read)")
     ap.add_argument("--compare-deferred", action="store_true",
                     help="alternate blocks of 10 steps with and without the mailbox's deferred "
                          "write-back (SharedMailBox.deferred_writes: 3 memory all-to-alls a step "
@@ -147,8 +156,10 @@ def main() -> None:
     args = ap.parse_args()
     if bool(args.base) != bool(args.swap):
         ap.error("--base and --swap go together")
-    if sum(map(bool, (args.swap, args.compare_kernel_threads, args.compare_deferred))) > 1:
-        ap.error("--swap, --compare-kernel-threads and --compare-deferred are separate comparisons")
+    if sum(map(bool, (args.swap, args.compare_kernel_threads, args.compare_deferred,
+                      args.compare_late))) > 1:
+        ap.error("--swap, --compare-kernel-threads, --compare-deferred and --compare-late are "
+                 "separate comparisons")
     swaps = _swaps(args.base, args.swap) if args.swap else []
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -185,7 +196,8 @@ def main() -> None:
     loader.set_epoch(0, 0)
     it = iter(loader)
     modes = (("base", "working_tree") if swaps else ("immediate", "deferred") if args.compare_deferred
-             else ("torch_threads", "one_thread"))
+             else ("at_end", "late") if args.compare_late else ("torch_threads", "one_thread"))
+    waiting = None      # run_epoch's order on several ranks: the last step's optimizer step
     sums = {m: dict.fromkeys(PHASES, 0.0) for m in modes}
     counts, faults = dict.fromkeys(sums, 0), dict.fromkeys(sums, 0)
     prof = None
@@ -196,6 +208,8 @@ def main() -> None:
                 setattr(owner, name, base_value if mode == "base" else new_value)
         elif args.compare_deferred:
             mode = "deferred" if (i // 10) % 2 else "immediate"
+        elif args.compare_late:
+            mode = "late" if (i // 10) % 2 else "at_end"
         else:
             mode = ("one_thread" if args.compare_kernel_threads and (i // 10) % 2
                     else "torch_threads")
@@ -208,27 +222,35 @@ def main() -> None:
             prof = torch.profiler.profile()
             prof.__enter__()
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        t = [time.perf_counter()]
+        t0 = time.perf_counter()
         roots, mfgs, meta, _ = next(it)
-        t.append(time.perf_counter())
+        t1 = time.perf_counter()
+        if waiting is not None:           # the last step ends before this forward
+            waiting.wait()
+            opt.step()
+            waiting = None
+        t2 = time.perf_counter()
         out = model(mfgs, meta)
         loss = link_loss(*out, meta, W)
-        t.append(time.perf_counter())
+        t3 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         pending = all_reduce_gradients(model, async_op=True)
-        t.append(time.perf_counter())
+        t4 = time.perf_counter()
         mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
                        roots.extra.get("f"), out.embedding, out.mail_uses_embedding, mfgs[-1])
-        t.append(time.perf_counter())
-        pending.wait()
-        opt.step()
-        t.append(time.perf_counter())
+        t5 = time.perf_counter()
+        if W > 1 and mode != "at_end" and i + 1 < args.warmup + args.steps:
+            waiting = pending             # run_epoch's order: wait after the next load
+        else:
+            pending.wait()
+            opt.step()
+        t6 = time.perf_counter()
         if i >= args.warmup:
             counts[mode] += 1
             faults[mode] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-            for p, a, b in zip(PHASES, t, t[1:]):
-                sums[mode][p] += b - a
+            for p, d in zip(PHASES, (t1 - t0, t3 - t2, t4 - t3, t5 - t4, (t2 - t1) + (t6 - t5))):
+                sums[mode][p] += d
     for k in kernels:
         k.threads = own[id(k)]
     for owner, name, _, new_value in swaps:
@@ -249,7 +271,7 @@ def main() -> None:
         print(f"{mode:13s} ({n} steps): " + "  ".join(f"{p} {v:.2f}" for p, v in ms.items())
               + f"  | step {total:.2f} ms ({bs * W * 1e3 / total:.0f} events/s, "
               f"{faults[mode] / n:.0f} page faults)")
-        key = {"torch_threads": "", "working_tree": "", "deferred": ""}.get(mode, f"{mode}_")
+        key = {"torch_threads": "", "working_tree": "", "deferred": "", "late": ""}.get(mode, f"{mode}_")
         res.update({f"{key}{p}_ms": round(v, 3) for p, v in ms.items()})
         res[f"{key}step_ms"] = round(total, 3)
         res[f"{key}page_faults_per_step"] = round(faults[mode] / n, 1)

@@ -94,8 +94,11 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
 
     Each step: forward -> (loss, backward, start of the gradient all-reduce) ->
     ``mailbox.update`` with the positive events (memory read before, written after) ->
-    (end of the all-reduce, optimizer step). The mailbox update reads only the forward's
-    outputs, so running it before the optimizer step changes nothing but the time. On
+    (end of the all-reduce, optimizer step, ``on_step``). The mailbox update reads only
+    the forward's outputs, so running it before the optimizer step changes nothing but
+    the time; on several ranks the loader's next step (sampling, memory read) is also
+    made before it, while the gradients travel, and the step ends just before the next
+    forward: the same parameters reach every forward. On
     several ranks the loop runs inside :meth:`SharedMailBox.deferred_writes`: a step's
     write-back is sent with the next step's memory request (every owner writes before it
     serves: the same values, two all-to-alls a step fewer).
@@ -150,8 +153,23 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
     t0, c0 = time.perf_counter(), time.process_time()
     # a step's write-back rides on the next step's memory read (3 all-to-alls a step, not 5)
     deferred = mailbox.deferred_writes() if mailbox is not None else contextlib.nullcontext()
+    waiting = None   # the last step's end: its gradients in flight, then opt step and hooks
+
+    def finish(w) -> None:
+        pending, acc = w
+        if pending is not None:
+            pending.wait()
+            optimizer.step()
+        if progress is not None:
+            progress.update(1)
+        if on_step is not None:
+            on_step(acc)
+
     with torch.set_grad_enabled(train), deferred:
         for roots, mfgs, meta, _ in loader:
+            if waiting is not None:   # the loader's step k + 1 was made while step k's
+                finish(waiting)       # gradients travelled; step k ends before its forward
+                waiting = None
             out = model(mfgs, meta)
             pos, neg = out
             loss = link_loss(pos, neg, meta, ws)  # scaled by this rank's share of the window
@@ -160,8 +178,9 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
             if train:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                # the gradients travel while the metrics and the mailbox update run (neither
-                # reads a parameter); the optimizer steps once they have arrived
+                # the gradients travel while the metrics, the mailbox update and the next
+                # step's sampling and memory read run (none reads a parameter); the
+                # optimizer steps once they have arrived, before the next forward
                 pending = all_reduce_gradients(model, group, async_op=True)
             total += float(loss.detach())
             steps += 1
@@ -179,14 +198,14 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
                 mailbox.update(out.memory, roots, meta["src_pos_index"], meta["dst_pos_index"],
                                roots.extra.get("f"), out.embedding, out.mail_uses_embedding,
                                mfgs[-1])
-            if pending is not None:
-                pending.wait()
-                optimizer.step()
-            if progress is not None:
-                progress.update(1)
-            if on_step is not None:
-                on_step({"steps": steps, "total": total, "events": events, "ap_sum": ap_sum,
-                         "ap_batches": ap_batches})
+            acc = {"steps": steps, "total": total, "events": events, "ap_sum": ap_sum,
+                   "ap_batches": ap_batches}
+            if pending is None or ws == 1:
+                finish((pending, acc))   # nothing in flight to overlap
+            else:
+                waiting = (pending, acc)
+        if waiting is not None:
+            finish(waiting)
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - c0  # all threads of this process (loader thread included)
     cnt = torch.tensor([float(events), total, float(steps), ap_sum, cpu, float(ap_batches)],
