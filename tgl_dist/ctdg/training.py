@@ -98,8 +98,8 @@ def run_epoch(model: nn.Module, loader: Iterable, mailbox=None,
     the forward's outputs, so running it before the optimizer step changes nothing but
     the time; on several ranks the loader's next step (sampling, memory read) is also
     made before it, while the gradients travel, and the step ends just before the next
-    forward: the same parameters reach every forward. On
-    several ranks the loop runs inside :meth:`SharedMailBox.deferred_writes`: a step's
+    forward: the same parameters reach every forward. On several ranks the loop also
+    runs inside :meth:`SharedMailBox.deferred_writes`: a step's
     write-back is sent with the next step's memory request (every owner writes before it
     serves: the same values, two all-to-alls a step fewer).
     Every rank runs every step (the loader gives all ranks the same number of steps).

@@ -234,13 +234,15 @@ def push_then_fetch(push_owner: Tensor, push: Tensor, fetch_owner: Tensor, fetch
     for a, b in zip(rows.split([c[0] for c in sc]), ids.split([c[1] for c in sc])):
         pieces += [a.reshape(-1), b.reshape(-1)]
     send = _to(torch.cat(pieces), dev)
-    out = send.new_empty(sum(a * C + 2 * b for a, b in rc))
-    _guard(lambda: dist.all_to_all_single(out, send, output_split_sizes=[a * C + 2 * b for a, b in rc],
-                                          input_split_sizes=[a * C + 2 * b for a, b in sc],
-                                          group=group), "push and request")
+    send_sizes = [a * C + 2 * b for a, b in sc]   # floats: pushed rows, then id bits
+    recv_sizes = [a * C + 2 * b for a, b in rc]
+    out = send.new_empty(sum(recv_sizes))
+    _guard(lambda: dist.all_to_all_single(out, send, output_split_sizes=recv_sizes,
+                                          input_split_sizes=send_sizes, group=group),
+           "push and request")
     out = _to(out, home)
     got, asked = [], []
-    for seg, (a, b) in zip(out.split([a * C + 2 * b for a, b in rc]), rc):
+    for seg, (a, b) in zip(out.split(recv_sizes), rc):
         got.append(seg[:a * C].view(a, C))
         asked.append(seg[a * C:])
     apply(torch.cat(got))

@@ -37,12 +37,11 @@ Worked example (2 ranks, owners of nodes 0..3 = ``[0, 1, 0, 1]``)::
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from typing import Any, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
-
-from contextlib import contextmanager
 
 from tgl_dist.dist import PartitionBook, Plan, fetch_rows, push_then_fetch, world
 from tgl_dist.memory import _writeback
@@ -467,26 +466,23 @@ class SharedMailBox:
         index = index.to(self.device)
         n = index.numel()
         if self.world_size == 1:
-            rows = self._local(index)
-            recv = (rows, memory, memory_ts, mail, mail_ts, order)
-        else:
-            owner, local = self.book.locate(index)
-            cols = [_bits(local)]
-            if order is not None:
-                cols.append(_bits(order.to(local.device, torch.long)))
-            if has_mem:
-                cols += [memory.detach().float().reshape(n, self.dim_memory), _bits(memory_ts.to(torch.float64))]
-            if has_mail:
-                cols += [mail.detach().float().reshape(n, self.dim_mail), _bits(mail_ts.to(torch.float64))]
-            packed = torch.cat(cols, 1)
-            layout = (order is not None, has_mem, has_mail)
-            self.flush()                      # an earlier waiting write goes first
-            if self._defer:
-                self._pending = (owner, packed, layout, reduce_Op)
-                return
-            self._apply(Plan(owner, self.group).forward(packed), layout, reduce_Op)
+            self._write(self._local(index), memory, memory_ts, mail, mail_ts, order, reduce_Op)
             return
-        self._write(*recv, reduce_Op)
+        owner, local = self.book.locate(index)
+        cols = [_bits(local)]
+        if order is not None:
+            cols.append(_bits(order.to(local.device, torch.long)))
+        if has_mem:
+            cols += [memory.detach().float().reshape(n, self.dim_memory), _bits(memory_ts.to(torch.float64))]
+        if has_mail:
+            cols += [mail.detach().float().reshape(n, self.dim_mail), _bits(mail_ts.to(torch.float64))]
+        packed = torch.cat(cols, 1)
+        layout = (order is not None, has_mem, has_mail)
+        self.flush()                      # an earlier waiting write goes first
+        if self._defer:
+            self._pending = (owner, packed, layout, reduce_Op)
+            return
+        self._apply(Plan(owner, self.group).forward(packed), layout, reduce_Op)
 
     def _apply(self, got: Tensor, layout: Tuple[bool, bool, bool], reduce_Op: str) -> None:
         """Write received packed updates ``[n, C]`` (rows grouped by source rank)."""
