@@ -11,8 +11,10 @@ the gradient all-reduce (222k floats, started after the backward, waited for bef
 next forward) and the memory exchange of the next step (an all-to-all of counts, one of
 about 90 KB of updates and requests, one of about 600 KB of replies), in that order.
 The ranks' compute is equal, so nothing here waits for a slower rank: the step time above
-``--compute-ms`` is what the collectives cost on this machine at best, in three orders:
+``--compute-ms`` is what the collectives cost on this machine at best. Four variants run
+one after the other:
 
+- ``compute_only``: no collective (the reference);
 - ``overlap`` (what ``run_epoch`` does): the all-reduce in flight while the next step's
   memory exchange runs;
 - ``exchange_first``: the memory exchange, then the all-reduce waited for at once;
@@ -20,7 +22,7 @@ The ranks' compute is equal, so nothing here waits for a slower rank: the step t
 
 With ``--one-process-ms`` (the step of one process of 2 threads on the whole batch,
 ``step_phases.py --threads 2``) it also prints the highest ratio of events/s that 2
-ranks can reach with these collectives: ``one_process_ms / step_ms``. The last line is one
+ranks can reach with these collectives: ``one_process_ms / mean step``. The last line is one
 JSON object.
 """
 from __future__ import annotations
@@ -76,8 +78,8 @@ def main(argv=None) -> dict:
     out = {}
     for order in ("compute_only", "overlap", "exchange_first", "serial"):
         times = []
-        for i in range(args.warmup + args.steps):
-            dist.barrier() if i == 0 else None
+        dist.barrier()                                 # both ranks start the variant together
+        for _ in range(args.warmup + args.steps):
             t = time.perf_counter()
             compute(args.compute_ms)                   # forward + backward
             if order == "overlap":
