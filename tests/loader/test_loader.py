@@ -125,7 +125,8 @@ def _collect(loader, epochs=1, stop_after=None):
         steps = []
         for i, (roots, mfgs, meta, st) in enumerate(loader):
             steps.append(dict(eid=roots.eids, window=meta["window"], nodes=roots.nodes,
-                              neg=roots.extra.get("neg_dst"), st=st))
+                              neg=roots.extra.get("neg_dst"), neg_src=roots.extra.get("neg_src"),
+                              k=meta["neg_k"], st=st))
             check_step(loader.graph, roots, mfgs, meta)
             if stop_after is not None and i + 1 == stop_after:
                 break
@@ -172,7 +173,33 @@ def _loader_worker(root, skew_root):
         ld = DistributedDataLoader(sg, "train", ss, neg_sampler=NegativeSampling(strategy=strategy),
                                    batch_size=10, queue_size=3)
         res[f"skew_{strategy}"] = _collect(ld, 1)
+    res.update(_pair_negatives(graph, sampler))
     return pack(res)
+
+
+def _pair_negatives(graph, sampler, batch_size=120):
+    """Historical / inductive negatives of val and test (k = 2), and how many distinct
+    pairs each loader's rank holds."""
+    out = {}
+    for strategy in ("historical", "inductive"):
+        for split in ("val", "test"):
+            ld = DistributedDataLoader(graph, split, sampler, batch_size=batch_size, train=False,
+                                       neg_sampler=NegativeSampling(strategy=strategy, num_neg=2, seed=7),
+                                       queue_size=2)
+            out[f"{strategy}_{split}"] = _collect(ld, 1)[0]
+            sh = ld.negatives.pairs
+            out[f"{strategy}_{split}_pairs"] = (sh.keys.numel(), sh.num_pairs)
+    return out
+
+
+def _per_event(steps):
+    """``{eid: ((neg_src, neg_dst) x k)}`` of collected steps."""
+    got = {}
+    for x in steps:
+        k, b = x["k"], x["eid"].numel()
+        s, d = x["neg_src"].view(k, b).t(), x["neg"].view(k, b).t()
+        got.update(zip(x["eid"].tolist(), zip(s.tolist(), d.tolist())))
+    return got
 
 
 @pytest.mark.distributed
@@ -223,6 +250,21 @@ def test_two_rank_loader(parts):
     neg2 = dict(zip(torch.cat([x["eid"] for x in two]).tolist(), torch.cat([x["neg"] for x in two]).tolist()))
     assert neg1 == neg2
     assert [x["window"] for x in one] == [x["window"] for x in r0["val"][0]]
+    # historical / inductive: the same (src, dst) negatives for every event as one process
+    # (whose batch is the 2-rank window), while each rank holds about half the pairs
+    one = _pair_negatives(graph, NeighborSampler(graph.num_nodes, 1, 2, tg, workers=1), 240)
+    for key in ("historical_val", "historical_test", "inductive_val", "inductive_test"):
+        a, b = r0[key], r1[key]
+        assert [x["window"] for x in a] == [x["window"] for x in b]
+        two = _per_event(a + b)
+        assert len(two) == sum(x["eid"].numel() for x in a + b)
+        (n0, total), (n1, total1) = r0[key + "_pairs"], r1[key + "_pairs"]
+        assert total == total1 == one[key + "_pairs"][1] and n0 + n1 == total
+        assert max(n0, n1) < 0.6 * total, (n0, n1, total)
+        assert one[key + "_pairs"][0] == total
+        ref = _per_event(one[key])
+        assert two.keys() == ref.keys()
+        assert two == ref, key
 
 
 def late_sources(graph, num_parts, seed=0):

@@ -22,14 +22,14 @@ def pairs(s, d):
 
 def test_historical_candidates_are_h_minus_c():
     ns = NegativeSampling(strategy="historical", seed=1)
-    b = ns.bind("val", False, stream(), torch.unique(DST))
+    b = ns.bind("val", False, stream(), None)
+    assert torch.equal(b.pool, torch.unique(DST))
     # batch [6, 8]: H = pairs with t <= 6: (0,5),(1,6),(2,7),(3,8); C = pairs in [6, 8]: (1,6),(4,9),(2,7)
-    cand = b._candidates(6.0, 8.0)
-    assert pairs(cand // N, cand % N) == {(0, 5), (3, 8)}
-    s, d = b.window(6.0, 8.0, 2, window_id=5, epoch=0, pos_src=SRC[5:8], pos_dst=DST[5:8])
+    w = (SRC[5:8], DST[5:8], T[5:8])
+    s, d = b.window(*w, 2, window_id=5, epoch=0)
     assert pairs(s, d) == {(0, 5), (3, 8)}  # enough candidates: drawn without replacement
     # too few candidates: all of them plus fill from unique src x unique dst minus positives
-    s, d = b.window(6.0, 8.0, 6, window_id=5, epoch=0, pos_src=SRC[5:8], pos_dst=DST[5:8])
+    s, d = b.window(*w, 6, window_id=5, epoch=0)
     got = list(zip(s.tolist(), d.tolist()))
     assert len(got) == 6
     assert set(got[-2:]) == {(0, 5), (3, 8)}  # DyGLib order: random fill first, then historical
@@ -37,24 +37,61 @@ def test_historical_candidates_are_h_minus_c():
         assert p[0] in set(SRC.tolist()) and p[1] in set(DST.tolist())
         assert p not in pairs(SRC[5:8], DST[5:8])
     # deterministic for a window; evaluation ignores the epoch
-    assert torch.equal(b.window(6.0, 8.0, 6, 5, 0, SRC[5:8], DST[5:8])[1],
-                       b.window(6.0, 8.0, 6, 5, 9, SRC[5:8], DST[5:8])[1])
+    assert torch.equal(b.window(*w, 6, 5, 0)[1], b.window(*w, 6, 5, 9)[1])
+
+
+def test_ties_at_the_window_ends_are_in_c():
+    """C holds the pairs of every stream event in [t_s, t_e], also events outside the
+    window that share its first or last time."""
+    src, dst = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 6, 7, 8])
+    t = torch.tensor([1., 2., 2., 3.], dtype=torch.float64)
+    b = NegativeSampling(strategy="historical").bind("val", False, Stream(src, dst, t, N), None)
+    # window = event 2 alone (t = 2): H = (0,5),(1,6),(2,7); event 1 ties at t = 2: C = (1,6),(2,7)
+    s, d = b.window(src[2:3], dst[2:3], t[2:3], 1, 2, 0)
+    assert pairs(s, d) == {(0, 5)}
 
 
 def test_inductive_candidates_first_seen_after_observation():
     ns = NegativeSampling(strategy="inductive")
     with pytest.raises(ValueError, match="T_obs"):
-        ns.bind("test", False, stream(), torch.unique(DST))
-    b = ns.bind("test", False, stream(), torch.unique(DST), last_observed_time=3.0)
+        ns.bind("test", False, stream(), None)
+    b = ns.bind("test", False, stream(), None, last_observed_time=3.0)
     # batch [9, 9]: H = all pairs with t <= 9; O = pairs with t <= 3: (0,5),(1,6); C = (3,9)
-    cand = b._candidates(9.0, 9.0)
-    assert pairs(cand // N, cand % N) == {(2, 7), (3, 8), (4, 9)}
-    s, d = b.window(9.0, 9.0, 3, 8, 0, SRC[8:], DST[8:])
+    s, d = b.window(SRC[8:], DST[8:], T[8:], 3, 8, 0)
     assert pairs(s, d) == {(2, 7), (3, 8), (4, 9)}
     # a pair first seen exactly at T_obs is observed: (2,7) at t = 4
-    b4 = ns.bind("test", False, stream(), torch.unique(DST), last_observed_time=4.0)
-    cand = b4._candidates(9.0, 9.0)
-    assert pairs(cand // N, cand % N) == {(3, 8), (4, 9)}
+    b4 = ns.bind("test", False, stream(), None, last_observed_time=4.0)
+    s, d = b4.window(SRC[8:], DST[8:], T[8:], 2, 8, 0)
+    assert pairs(s, d) == {(3, 8), (4, 9)}
+
+
+@pytest.mark.parametrize("small", [1 << 20, 4])
+def test_window_draws_follow_the_definition(monkeypatch, small):
+    """On a random stream: every draw lies in H \\ O \\ C of its window, a window's draws are
+    distinct while the candidates suffice, and both draw paths (a permutation for small
+    candidate sets, repeat-dropping random positions for large ones) keep to that."""
+    import tgl_dist.sampling.pairs as pairs_mod
+    monkeypatch.setattr(pairs_mod, "SMALL", small)
+    g = torch.Generator().manual_seed(0)
+    n, e = 40, 3000
+    src, dst = torch.randint(0, 20, (e,), generator=g), torch.randint(20, n, (e,), generator=g)
+    t = torch.sort(torch.randint(0, 600, (e,), generator=g).double()).values   # many ties
+    key = src * n + dst
+    first = {}
+    for k, tt in zip(key.tolist(), t.tolist()):
+        first.setdefault(k, tt)
+    for strategy, t_obs in (("historical", None), ("inductive", 150.0)):
+        b = NegativeSampling(strategy=strategy, seed=4).bind("test", False, Stream(src, dst, t, n),
+                                                             None, last_observed_time=t_obs)
+        for lo in range(0, e, 250):
+            hi = lo + 50
+            ts, te = float(t[lo]), float(t[hi - 1])
+            cur = set(key[(t >= ts) & (t <= te)].tolist())
+            cand = {k for k, f in first.items() if f <= ts and (t_obs is None or f > t_obs)} - cur
+            size = min(len(cand), 30)
+            s, d = b.window(src[lo:hi], dst[lo:hi], t[lo:hi], size, lo, 0)
+            got = (s * n + d).tolist()
+            assert len(set(got)) == size and set(got) <= cand, (strategy, lo)
 
 
 def test_random_per_event_deterministic_and_in_pool():
@@ -79,7 +116,7 @@ def test_fill_draws_without_replacement_and_never_a_positive():
     positives without replacement (algorithms.md §3); with replacement only when that
     pool itself is too small."""
     ns = NegativeSampling(strategy="historical", seed=0)
-    b = ns.bind("val", False, stream(), torch.unique(DST))   # 5 src x 5 dst = 25 pairs
+    b = ns.bind("val", False, stream(), None)                 # 5 src x 5 dst = 25 pairs
     pos_s, pos_d = SRC[5:8], DST[5:8]                        # 3 positives, all in the product
     for w in range(200):
         s, d = b._fill(22, pos_s * N + pos_d, torch.Generator().manual_seed(w))
@@ -92,7 +129,7 @@ def test_fill_draws_without_replacement_and_never_a_positive():
     # a product too large to enumerate: drawn, repeats dropped
     big = NegativeSampling(strategy="historical", seed=0).bind(
         "val", False, Stream(torch.arange(2000), torch.arange(2000, 4000),
-                             torch.arange(2000, dtype=torch.float64), 4000), torch.arange(2000, 4000))
+                             torch.arange(2000, dtype=torch.float64), 4000), None)
     pos = torch.arange(2000) * 4000 + torch.arange(2000, 4000)
     s, d = big._fill(5000, pos, torch.Generator().manual_seed(1))
     keys = s * 4000 + d

@@ -172,7 +172,6 @@ class DistributedDataLoader:
             raise ValueError(f"chunk_size={chunk_size} must divide batch_size * world_size = {self.window}")
         self._check_same_on_all_ranks()
         self.schedule = GlobalSchedule(data.eid, self.group)
-        self._stream_rows: Optional[Tensor] = None
         self.negatives = self._bind_negatives() if neg_sampler is not None else None
         self.epoch = -1
         self._thread: Optional[threading.Thread] = None
@@ -203,25 +202,16 @@ class DistributedDataLoader:
             own = self.data
         else:
             own = g.split_events("all")
-        stream = None
-        if ns.strategy == "random":
+        if ns.strategy == "random":   # the distinct destinations only: O(N)
             pool = _global_unique(own.dst, grp)
             stream = Stream(own.src[:0], own.dst[:0], own.t[:0], g.num_nodes)
-        else:   # historical and inductive draws need the whole stream on every rank: O(E)
-            src, dst = all_gather_v(own.src, grp), all_gather_v(own.dst, grp)
-            t, eid = all_gather_v(own.t, grp), all_gather_v(own.eid, grp)
-            o = torch.sort(eid).indices
-            stream = Stream(src[o], dst[o], t[o], g.num_nodes)
-            pool = torch.unique(stream.dst)
-            # rows of the stream at the split's global positions: the positions themselves
-            # when the stream is the split, else the split's eids (the stream is all events)
-            self._stream_rows = (None if own is self.data else
-                                 torch.sort(all_gather_v(self.data.eid, grp)).values)
+        else:   # this rank's events; the pairs get sharded over the ranks (PairShards)
+            pool, stream = None, Stream(own.src, own.dst, own.t, g.num_nodes)
         t_obs = None
         if ns.strategy == "inductive":
             prev = "train" if split in ("val", "new_node_val") else "val"
             t_obs = _global_max(g.split_events(prev).t, grp)
-        return ns.bind(split, self.train, stream, pool, t_obs)
+        return ns.bind(split, self.train, stream, pool, t_obs, grp)
 
     # ----------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
@@ -280,10 +270,8 @@ class DistributedDataLoader:
                 neg_dst, neg_src = neg_dst.reshape(-1), None
                 extra["neg_mask"] = mask.reshape(-1)
             else:
-                gs, ge = w.start, w.end
-                st, rows = ng.stream, self._window_rows(gs, ge)
-                pairs = ng.window(float(st.t[rows[0]]), float(st.t[rows[-1]]), (ge - gs) * k, gs,
-                                  epoch, st.src[rows], st.dst[rows])
+                gs, ge = w.start, w.end   # collective: the window's pairs are drawn together
+                pairs = ng.window(ev.src, ev.dst, ev.t, (ge - gs) * k, gs, epoch)
                 pos = (self.schedule.local_pos[w.lo:w.hi] - gs)
                 sel = (torch.arange(k).view(k, 1) * (ge - gs) + pos.view(1, -1)).reshape(-1)
                 neg_src, neg_dst = pairs[0][sel], pairs[1][sel]
@@ -304,12 +292,6 @@ class DistributedDataLoader:
         if self.graph.edge_feat_dim:
             roots.extra["f"] = self.graph.local_edge_feat(ev.eid)
         return roots, meta
-
-    def _window_rows(self, gs: int, ge: int) -> Tensor:
-        """Rows of the negative sampler's stream holding global window ``[gs, ge)``."""
-        if self._stream_rows is None:   # the stream is the split itself
-            return torch.arange(gs, ge)
-        return self._stream_rows[gs:ge]
 
     def _make(self, w: Window, epoch: int) -> Step:
         t0 = time.perf_counter()

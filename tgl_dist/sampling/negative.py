@@ -26,10 +26,12 @@ Determinism (what makes numbers comparable):
   an event is the same whichever rank holds it and however many ranks there are.
   Training uses a new key every epoch; evaluation keys depend on the split only, so
   every evaluation of a split sees the same negatives.
-* ``historical`` / ``inductive`` draw a whole global batch window at once (every rank
-  draws it identically from the globally gathered stream, seeded by the window's
-  position) and each rank takes the entries of its own events. Results equal a
-  single process whose batch is that window (``batch_size * world_size`` events).
+* ``historical`` / ``inductive`` draw a whole global batch window at once, seeded by the
+  window's position, and each rank takes the entries of its own events. The pairs are
+  not gathered: :class:`~tgl_dist.sampling.pairs.PairShards` keeps each distinct pair
+  on one rank, in a global first-seen order that does not depend on the number of
+  ranks, and a window's draw is four small all-gathers. Results equal a single process
+  whose batch is that window (``batch_size * world_size`` events).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from torch import Tensor
 
 from tgl_dist.sampling._ckernel import get_kernel
 from tgl_dist.sampling.hashing import hash_keys, uniform_below
+from tgl_dist.sampling.pairs import PairShards, draw_distinct, first_occurrences
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +56,10 @@ _SPLIT_KEY = {"train": 1, "val": 2, "new_node_val": 3, "test": 4, "new_node_test
 
 @dataclass
 class Stream:
-    """A global event stream (every rank holds the same copy), chronological.
+    """This rank's events of the stream negatives are drawn from (its share: the
+    ranks' streams together are the whole stream).
 
-    Attributes: src, dst ``[E']`` int64; t ``[E']`` float64; num_nodes N.
+    Attributes: src, dst ``[E_r]`` int64; t ``[E_r]`` float64; num_nodes N.
     """
 
     src: Tensor
@@ -92,20 +96,24 @@ class NegativeSampling:
         """True when negatives come with their own sources (historical, inductive)."""
         return self.strategy != "random"
 
-    def bind(self, split: str, train: bool, stream: Stream, dst_pool: Tensor,
-             last_observed_time: Optional[float] = None) -> "BoundNegatives":
-        """The sampler for one loader (a split). Not a collective: the caller gathers.
+    def bind(self, split: str, train: bool, stream: Stream, dst_pool: Optional[Tensor],
+             last_observed_time: Optional[float] = None, group=None) -> "BoundNegatives":
+        """The sampler for one loader (a split). Collective over ``group`` for historical
+        and inductive (the pairs are sharded, :class:`PairShards`); random needs none.
 
         Args:
             split: the split's name (keys evaluation draws).
             train: training (new draws every epoch) or evaluation (fixed draws).
-            stream: the global stream H and C are taken from (historical, inductive).
-            dst_pool: unique destination ids random negatives are drawn from ``[P]``.
+            stream: this rank's events of the stream H and C are taken from
+                (historical, inductive; random ignores it).
+            dst_pool: unique destination ids random negatives are drawn from ``[P]``
+                (historical / inductive: ``None`` takes the stream's destinations).
             last_observed_time: T_obs (inductive only).
+            group: the process group of the window draws (the loader's own).
         """
         if self.strategy == "inductive" and last_observed_time is None:
             raise ValueError("strategy='inductive' needs the last observed time (T_obs)")
-        return BoundNegatives(self, split, train, stream, dst_pool, last_observed_time)
+        return BoundNegatives(self, split, train, stream, dst_pool, last_observed_time, group)
 
     def __repr__(self) -> str:
         return f"NegativeSampling(mode={self.mode!r}, strategy={self.strategy!r}, num_neg={self.num_neg})"
@@ -131,15 +139,16 @@ class BoundNegatives:
     """A :class:`NegativeSampling` bound to one split's stream (built by the loader)."""
 
     def __init__(self, cfg: NegativeSampling, split: str, train: bool, stream: Stream,
-                 dst_pool: Tensor, last_observed_time: Optional[float]) -> None:
+                 dst_pool: Optional[Tensor], last_observed_time: Optional[float], group=None) -> None:
         self.cfg = cfg
         self.split = split
         self.train = train
-        self.pool = dst_pool
-        self.stream = stream
         self.t_obs = last_observed_time
+        self._n = max(stream.num_nodes, 1)
+        self.pairs: Optional[PairShards] = None
         if cfg.strategy != "random":
-            self._index_pairs(stream)
+            self.pairs = PairShards(stream.src, stream.dst, stream.t, stream.num_nodes, group)
+        self.pool = self.pairs.udst if dst_pool is None and self.pairs is not None else dst_pool
 
     def _key(self, epoch: int) -> int:
         k = _SPLIT_KEY.get(self.split, 99)
@@ -223,62 +232,43 @@ class BoundNegatives:
         neg[:, cols] = sub
 
     # ------------------------------------------------------- historical pairs
-    def _index_pairs(self, s: Stream) -> None:
-        n = max(s.num_nodes, 1)
-        key = s.src * n + s.dst
-        uk, inv = torch.unique(key, return_inverse=True)
-        first = torch.full((uk.numel(),), float("inf"), dtype=torch.float64)
-        first.scatter_reduce_(0, inv, s.t, "amin")
-        o = torch.sort(first, stable=True).indices
-        self._pair_key, self._pair_first = uk[o], first[o]   # pairs by first-seen time
-        self._key_all = key
-        self._n = n
-        self._usrc = torch.unique(s.src)
-        self._udst = torch.unique(s.dst)
-
-    def _candidates(self, t_s: float, t_e: float) -> Tensor:
-        hi = int(torch.searchsorted(self._pair_first, torch.tensor([t_s], dtype=torch.float64), right=True))
-        lo = 0
-        if self.cfg.strategy == "inductive":
-            lo = int(torch.searchsorted(self._pair_first, torch.tensor([float(self.t_obs)],
-                                                                       dtype=torch.float64), right=True))
-            lo = min(lo, hi)
-        cand = self._pair_key[lo:hi]
-        a = int(torch.searchsorted(self.stream.t, torch.tensor([t_s], dtype=torch.float64), right=False))
-        b = int(torch.searchsorted(self.stream.t, torch.tensor([t_e], dtype=torch.float64), right=True))
-        cur = self._key_all[a:b]
-        return cand[~torch.isin(cand, cur)] if cur.numel() else cand
-
-    def window(self, t_s: float, t_e: float, size: int, window_id: int, epoch: int,
-               pos_src: Tensor, pos_dst: Tensor) -> Tuple[Tensor, Tensor]:
-        """Negative ``(src, dst)`` pairs ``[size]`` for a whole global batch window.
+    def window(self, src: Tensor, dst: Tensor, t: Tensor, size: int, window_id: int,
+               epoch: int) -> Tuple[Tensor, Tensor]:
+        """Negative ``(src, dst)`` pairs ``[size]`` for a whole global batch window
+        (collective over the bound group: every rank calls it for every window).
 
         Args:
-            t_s, t_e: the window's first and last event times.
-            size: number of negatives (window events x k).
+            src, dst, t: this rank's events of the window ``[B_r]`` (the positives).
+            size: number of negatives (the global window's events x k).
             window_id: the window's global start position (keys the draw).
-            pos_src, pos_dst: the window's positive pairs (excluded from the fill).
+            epoch: training epoch (evaluation draws ignore it).
+        Returns:
+            ``(neg_src, neg_dst)`` ``[size]``, the same on every rank, in draw order.
         """
         g = torch.Generator().manual_seed(int(hash_keys(self._key(epoch), int(window_id)))
                                           & ((1 << 62) - 1))
-        cand = self._candidates(t_s, t_e)
-        if cand.numel() >= size:
-            pick = cand[torch.randperm(cand.numel(), generator=g)[:size]]
-            return pick // self._n, pick % self._n
-        fill = size - cand.numel()
-        fs, fd = self._fill(fill, pos_src * self._n + pos_dst, g)
-        return torch.cat([fs, cand // self._n]), torch.cat([fd, cand % self._n])
+        n = self._n
+        t_obs = self.t_obs if self.cfg.strategy == "inductive" else None
+        pos, cand = self.pairs.window(src * n + dst, t, t_obs)
+        m = len(cand)
+        if m >= size:
+            pick = cand.keys(draw_distinct(m, size, g))
+            return pick // n, pick % n
+        fs, fd = self._fill(size - m, pos, g)     # DyGLib's order: the fill, then all of H
+        every = cand.keys(torch.arange(m))
+        return torch.cat([fs, every // n]), torch.cat([fd, every % n])
 
     def _fill(self, size: int, pos_keys: Tensor, g: torch.Generator) -> Tuple[Tensor, Tensor]:
         """``size`` random pairs of ``unique src x unique dst`` minus the batch's positives
         ``pos_keys`` (``src * N + dst``), without replacement (DyGLib's
         ``random_sample_with_collision_check``); with replacement only when that pool
         holds fewer than ``size`` pairs."""
-        nd = self._udst.numel()
-        P = self._usrc.numel() * nd                 # pairs, numbered i = s_idx * nd + d_idx
+        usrc, udst = self.pairs.usrc, self.pairs.udst
+        nd = udst.numel()
+        P = usrc.numel() * nd                       # pairs, numbered i = s_idx * nd + d_idx
 
         def pairs(i: Tensor) -> Tensor:             # pair numbers -> src * N + dst
-            return self._usrc[i // nd] * self._n + self._udst[i % nd]
+            return usrc[i // nd] * self._n + udst[i % nd]
 
         pos = torch.unique(pos_keys)
         if P <= _SMALL or P - pos.numel() < size:   # enumerate the pool
@@ -294,17 +284,9 @@ class BoundNegatives:
             keys = pos.new_zeros(0)
             while keys.numel() < size:
                 draw = pairs(torch.randint(P, (2 * (size - keys.numel()) + 16,), generator=g))
-                keys = _first_occurrences(torch.cat([keys, draw[~torch.isin(draw, pos)]]))
+                keys = first_occurrences(torch.cat([keys, draw[~torch.isin(draw, pos)]]))
             keys = keys[:size]
         return keys // self._n, keys % self._n
 
 
 _SMALL = 1 << 20   # fill pools up to this many pairs are enumerated
-
-
-def _first_occurrences(x: Tensor) -> Tensor:
-    """The distinct values of ``x`` in the order they first occur."""
-    u, inv = torch.unique(x, return_inverse=True)
-    first = torch.full((u.numel(),), x.numel(), dtype=torch.long)
-    first.scatter_reduce_(0, inv, torch.arange(x.numel()), "amin")
-    return x[first.sort().values]
