@@ -156,10 +156,17 @@ def _both(chunks, hist):
     h = hist[ctx.rank::2]                         # each rank memorises its share, then syncs
     bank.update(h[:, 0], h[:, 1])
     bank.sync()
+    from tgl_dist.metrics.edgebank import owner_rank, pair_keys
+    other = hist[owner_rank(pair_keys(hist[:, 0], hist[:, 1]), 2) != ctx.rank][:1]
+    try:   # a synced bank answers for its own pairs only, and says so
+        bank.contains(other[:, 0], other[:, 1])
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
     eb = EdgeBankMetrics(bank)
     for step, s, d, n in chunks[ctx.rank]["eb"]:
         eb.update(step, s, d, n)
-    return m.compute(), eb.compute(), len(bank)
+    return m.compute(), eb.compute(), len(bank), refused
 
 
 @pytest.mark.distributed
@@ -194,12 +201,17 @@ def test_two_ranks_equal_one():
             ref_eb2.update(step, s, d, n)
     ref_eb2 = ref_eb2.compute()
     chunks = [{"tgb": parts[:2], "eb": eb[0]}, {"tgb": parts[2:], "eb": eb[1]}]
-    for tgb_out, eb_out, n in run_distributed(_both, 2, chunks, hist):
+    held = []
+    for tgb_out, eb_out, n, refused in run_distributed(_both, 2, chunks, hist):
+        assert "held by rank" in refused and "EdgeBankMetrics.compute" in refused, refused
         assert tgb_out == ref
         assert eb_out["num"] == ev2.size(0)
         for k in ("ap", "auc", "mrr", "hits@10"):
             assert eb_out[k] == pytest.approx(ref_eb2[k], abs=1e-12), k
-        assert n == len(set(map(tuple, hist.tolist())) | set(map(tuple, ev2.tolist())))
+        held.append(n)
+    # the memory is sharded: each pair on one rank, none holds them all
+    total = len(set(map(tuple, hist.tolist())) | set(map(tuple, ev2.tolist())))
+    assert sum(held) == total and max(held) < total, (held, total)
     assert ref_eb["num"] == 60
 
 

@@ -15,6 +15,11 @@ Vectorised with torch: a pair is one int64 key ``src << 31 | dst``; the memory i
 sorted, disjoint key tables (merged as they grow, log-structured), looked up with
 ``searchsorted``; a whole split is scored at once from each pair's first batch (no loop
 over events or batches).
+
+On several ranks the memory is sharded: :meth:`EdgeBank.sync` moves each pair to the
+rank that owns it (a hash of its key), so a rank holds 1/P of the pairs, and
+:meth:`EdgeBankMetrics.compute` sends each query and each positive of the split to its
+pair's owner, which scores it and sends the score back. No rank holds every pair.
 """
 from __future__ import annotations
 
@@ -23,12 +28,18 @@ from typing import Dict, List, Optional, Union
 import torch
 from torch import Tensor
 
-from tgl_dist.dist.exchange import all_gather_v
+from tgl_dist.dist.exchange import Plan, world
 from tgl_dist.metrics.ranking import LinkPredMetrics
 from tgl_dist.metrics.tgb import TGBMetrics
 
 _SHIFT = 31
 _LIMIT = 1 << _SHIFT
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)   # Fibonacci hashing: spreads keys over the ranks
+
+
+def owner_rank(keys: Tensor, world_size: int) -> Tensor:
+    """``[n]`` the rank that holds each pair key in a bank synced over ``world_size`` ranks."""
+    return (((keys * _GOLDEN) >> 33) & ((1 << 30) - 1)) % world_size
 
 
 def pair_keys(src: Tensor, dst: Tensor) -> Tensor:
@@ -51,16 +62,20 @@ class EdgeBank:
 
     ``update(src, dst)`` memorises pairs; ``predict(src, dst)`` gives ``1.0`` for a pair in
     memory, else ``0.0`` (float32, the shape of ``src``). Ids must lie in ``[0, 2^31)``.
+    After :meth:`sync` over P > 1 ranks the bank holds this rank's share of the pairs and
+    answers only for those (:class:`EdgeBankMetrics` asks the owners).
     """
 
     def __init__(self) -> None:
         self._levels: List[Tensor] = []      # sorted, disjoint key tables, larger first
+        self.rank, self.shards = 0, 1         # after sync: this rank of `shards` owners
 
     def __len__(self) -> int:
         """Distinct pairs in memory."""
         return sum(int(x.numel()) for x in self._levels)
 
     def _contains_keys(self, keys: Tensor) -> Tensor:
+        keys = keys.contiguous()
         hit = torch.zeros(keys.shape, dtype=torch.bool)
         for lv in self._levels:
             i = torch.searchsorted(lv, keys).clamp_(max=lv.numel() - 1)
@@ -83,8 +98,18 @@ class EdgeBank:
         self._add_keys(pair_keys(src, dst))
 
     def contains(self, src: Tensor, dst: Tensor) -> Tensor:
-        """``[n]`` bool: whether each pair is in memory."""
-        return self._contains_keys(pair_keys(src, dst))
+        """``[n]`` bool: whether each pair is in memory (of a synced bank: pairs this rank
+        owns only, a ``ValueError`` for another's)."""
+        keys = pair_keys(src, dst)
+        if self.shards > 1:
+            other = owner_rank(keys, self.shards) != self.rank
+            if bool(other.any()):
+                i = int(other.nonzero()[0])
+                raise ValueError(f"EdgeBank synced over {self.shards} ranks: pair "
+                                 f"({int(keys[i] >> _SHIFT)}, {int(keys[i] & (_LIMIT - 1))}) is "
+                                 f"held by rank {int(owner_rank(keys[i:i + 1], self.shards))}, "
+                                 f"not {self.rank}; score through EdgeBankMetrics.compute")
+        return self._contains_keys(keys)
 
     def predict(self, src: Tensor, dst: Tensor) -> Tensor:
         """EdgeBank's scores: ``1.0`` if the pair is in memory, else ``0.0`` (float32,
@@ -98,18 +123,25 @@ class EdgeBank:
             0, dtype=torch.long)
 
     def sync(self, group=None) -> None:
-        """Merge every rank's memory into every rank's (a collective: all ranks call it),
-        e.g. after each rank memorised its own share of the training events."""
-        keys = all_gather_v(self.keys(), group)
+        """Shard the memory over the ranks (a collective: all ranks call it), e.g. after
+        each rank memorised its own share of the training events: every pair moves to
+        the rank :func:`owner_rank` names, so this rank then holds its share of all ranks'
+        pairs (``len()`` counts them) and the ranks together hold each pair once."""
+        rank, ws = world(group)
+        keys = self.keys()
+        keys = Plan(owner_rank(keys, ws), group).forward(keys)
         self._levels = []
         self._add_keys(keys)
+        self.rank, self.shards = rank, ws
 
     def state_dict(self) -> Dict[str, Tensor]:
-        return {"keys": self.keys()}
+        """This rank's pairs (``keys``) and, of a synced bank, its rank among the owners."""
+        return {"keys": self.keys(), "rank": torch.tensor(self.rank), "shards": torch.tensor(self.shards)}
 
     def load_state_dict(self, state: Dict[str, Tensor]) -> None:
         self._levels = []
         self._add_keys(state["keys"].long().cpu())
+        self.rank, self.shards = int(state.get("rank", 0)), int(state.get("shards", 1))
 
 
 def edgebank_split_scores(bank: EdgeBank, pos_keys: Tensor, pos_step: Tensor,
@@ -199,12 +231,21 @@ class EdgeBankMetrics:
         step = torch.cat(self._step) if self._step else torch.zeros(0, dtype=torch.long)
         neg = torch.cat(self._neg) if self._neg else torch.zeros(0, k, dtype=torch.long)
         mask = torch.cat(self._mask) if self._mask else torch.zeros(0, k, dtype=torch.bool)
-        all_pos = all_gather_v(pos, group)
-        all_step = all_gather_v(step, group)
-        pos_s = edgebank_split_scores(self.bank, all_pos, all_step, pos, step)
+        _, ws = world(group)
+        if self.bank.shards != ws:
+            raise ValueError(f"EdgeBankMetrics.compute on {ws} ranks needs a bank synced over "
+                             f"them (bank.sync(group)); this one is cut over {self.bank.shards}")
         P = pos.numel()
-        neg_s = edgebank_split_scores(self.bank, all_pos, all_step, neg.reshape(-1),
-                                      step.view(-1, 1).expand(P, k).reshape(-1)).view(P, k)
+        # every positive and every query goes to its pair's owner, which scores it against
+        # its share of the memory plus the split's positives of that pair
+        mine = Plan(owner_rank(pos, ws), group).forward(torch.stack([pos, step], 1))
+        q = torch.cat([pos, neg.reshape(-1)])
+        q_step = torch.cat([step, step.view(-1, 1).expand(P, k).reshape(-1)])
+        ask = Plan(owner_rank(q, ws), group)
+        asked = ask.forward(torch.stack([q, q_step], 1))
+        mine, asked = mine.t().contiguous(), asked.t().contiguous()     # [2, n]: keys, steps
+        scores = ask.backward(edgebank_split_scores(self.bank, mine[0], mine[1], asked[0], asked[1]))
+        pos_s, neg_s = scores[:P], scores[P:].view(P, k)
         lp, tm = LinkPredMetrics(), TGBMetrics(self.k_value)
         if P:
             if self.all_neg:
@@ -218,7 +259,7 @@ class EdgeBankMetrics:
         r = tm.compute(group)
         out.update({"mrr": r["mrr"], f"hits@{self.k_value}": r[f"hits@{self.k_value}"],
                     "num": r["num"]})
-        self.bank._add_keys(all_pos)
+        self.bank._add_keys(mine[0])
         self.reset()
         return out
 
@@ -252,4 +293,4 @@ def evaluate_edgebank(bank: EdgeBank, src: Tensor, dst: Tensor, neg_dst: Tensor,
 
 
 __all__ = ["EdgeBank", "EdgeBankMetrics", "evaluate_edgebank", "edgebank_split_scores",
-           "pair_keys"]
+           "pair_keys", "owner_rank"]

@@ -33,7 +33,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.dist import all_gather_v, all_to_all_v, world
+from tgl_dist.dist import Plan, all_gather_v, world
 from tgl_dist.sampling.hashing import mix64
 
 SMALL = 1 << 20     # candidate ranges up to this many pairs are drawn by a full permutation
@@ -90,7 +90,8 @@ class PairShards:
     """The distinct (src, dst) pairs of a stream, cut over the ranks in first-seen order.
 
     Collective at construction (every rank of ``group``, in the same order as its other
-    collectives): two all-to-alls and three all-gathers.
+    collectives): two routings of rows to ranks (:class:`~tgl_dist.dist.Plan`) and three
+    all-gathers.
 
     Args:
         src, dst: this rank's events of the stream, global node ids ``[E_r]`` int64.
@@ -126,13 +127,6 @@ class PairShards:
         return int(self.offsets[-1])
 
     # ------------------------------------------------------------ construction
-    def _to_ranks(self, rows: Tensor, dest: Tensor) -> Tensor:
-        """Rows ``[n, 2]`` int64 to ranks ``dest [n]`` (all-to-all), grouped by source."""
-        o = torch.sort(dest, stable=True).indices
-        send = torch.bincount(dest, minlength=self.ws)
-        recv = all_gather_v(send.view(1, -1), self.group)[:, self.rank]   # [P] from each rank
-        return all_to_all_v(rows[o], send.tolist(), recv.tolist(), self.group)
-
     def _distinct(self, key: Tensor, t: Tensor) -> Tuple[Tensor, Tensor]:
         """Each distinct pair once over all ranks (on the rank its key hashes to), with
         its first time over all ranks."""
@@ -142,7 +136,7 @@ class PairShards:
         if self.ws == 1:
             return uk, first
         home = (mix64(uk) & ((1 << 62) - 1)) % self.ws
-        got = self._to_ranks(torch.stack([uk, _as_bits(first)], 1), home)
+        got = Plan(home, self.group).forward(torch.stack([uk, _as_bits(first)], 1))
         uk, inv = torch.unique(got[:, 0], return_inverse=True)
         first = torch.full((uk.numel(),), float("inf"), dtype=torch.float64)
         first.scatter_reduce_(0, inv, _from_bits(got[:, 1]), "amin")
@@ -176,7 +170,7 @@ class PairShards:
                 cuts.append(max(cuts[-1], _lex_cut(first, key, float(sf[so[j]]), int(sk[so[j]]))))
         cuts.append(n)
         dest = torch.repeat_interleave(torch.arange(self.ws), torch.diff(torch.tensor(cuts)))
-        got = self._to_ranks(torch.stack([key, _as_bits(first)], 1), dest)
+        got = Plan(dest, self.group).forward(torch.stack([key, _as_bits(first)], 1))
         key, first = got[:, 0], _from_bits(got[:, 1])
         o = _by_first_then_key(first, key)
         return key[o], first[o]
