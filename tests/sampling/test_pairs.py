@@ -38,7 +38,8 @@ def draws(src, dst, t, owner, rank):
             sel[:lo] = False
             sel[hi:] = False
             for size in (5, 400, 3000):
-                ns, nd = b.window(src[sel], dst[sel], t[sel], size, lo, 0)
+                hint = None if size == 5 else hi - lo    # both forms of step 1
+                ns, nd = b.window(src[sel], dst[sel], t[sel], size, lo, 0, hint)
                 out[(strategy, lo, size)] = (ns, nd)
     return out
 

@@ -325,16 +325,27 @@ def all_reduce_async(t: Tensor, group=None, op=None) -> Pending:
                                                      async_op=True), "all_reduce"), c)
 
 
-def all_gather_v(x: Tensor, group=None) -> Tensor:
-    """Concatenate every rank's ``x`` (sizes may differ) in rank order, on every rank."""
+def all_gather_v(x: Tensor, group=None, sizes: Optional[Sequence[int]] = None) -> Tensor:
+    """Concatenate every rank's ``x`` (sizes may differ) in rank order, on every rank.
+
+    ``sizes``: every rank's row count, when every rank knows them (one collective instead
+    of two: the sizes and row shapes are not exchanged; each rank's rows must then have
+    the same shape, and ``x`` must have ``sizes[rank]`` rows).
+    """
     if x.dim() == 0:
         raise ValueError("all_gather_v concatenates rows: x needs at least one dimension "
                          "(a scalar: x.view(1))")
-    _, ws = world(group)
+    rank, ws = world(group)
     if ws == 1:
         return x.clone()    # a new tensor, as with several ranks
     home = x.device
     x = _to(x, comm_device(group))
+    if sizes is not None:
+        sizes = [int(v) for v in sizes]
+        if len(sizes) != ws or sizes[rank] != x.size(0):
+            raise ValueError(f"all_gather_v: sizes {sizes} do not give this rank's {x.size(0)} "
+                             f"rows for a group of {ws}")
+        return _to(_gather_padded(x, sizes, ws, group), home)
     if x.dim() > 8:
         raise ValueError(f"all_gather_v supports rows of at most 7 dimensions, got {x.dim() - 1}")
     # each rank's row count and row shape (-1 pads): another row shape is an error here,
@@ -348,12 +359,16 @@ def all_gather_v(x: Tensor, group=None) -> Tensor:
         rows = [f"rank {r}: {list(sh[1:1 + sh[0] - 1])}" for r, sh in enumerate(shapes)]
         raise ValueError(f"all_gather_v: the ranks' rows differ in shape ({'; '.join(rows)})")
     sizes = [int(s[0]) for s in sizes]
+    return _to(_gather_padded(x, sizes, ws, group), home)
+
+
+def _gather_padded(x: Tensor, sizes: List[int], ws: int, group) -> Tensor:
     m = max(sizes)
     pad = x.new_zeros((m,) + tuple(x.shape[1:]))
     pad[: x.size(0)] = x
     out = [torch.empty_like(pad) for _ in range(ws)]
     _guard(lambda: dist.all_gather(out, pad, group=group), "all_gather")
-    return _to(torch.cat([o[:s] for o, s in zip(out, sizes)]), home)
+    return torch.cat([o[:s] for o, s in zip(out, sizes)])
 
 
 def broadcast_object(obj, src: int = 0, group=None):

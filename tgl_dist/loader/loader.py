@@ -271,7 +271,7 @@ class DistributedDataLoader:
                 extra["neg_mask"] = mask.reshape(-1)
             else:
                 gs, ge = w.start, w.end   # collective: the window's pairs are drawn together
-                pairs = ng.window(ev.src, ev.dst, ev.t, (ge - gs) * k, gs, epoch)
+                pairs = ng.window(ev.src, ev.dst, ev.t, (ge - gs) * k, gs, epoch, ge - gs)
                 pos = (self.schedule.local_pos[w.lo:w.hi] - gs)
                 sel = (torch.arange(k).view(k, 1) * (ge - gs) + pos.view(1, -1)).reshape(-1)
                 neg_src, neg_dst = pairs[0][sel], pairs[1][sel]

@@ -30,7 +30,7 @@ Determinism (what makes numbers comparable):
   window's position, and each rank takes the entries of its own events. The pairs are
   not gathered: :class:`~tgl_dist.sampling.pairs.PairShards` keeps each distinct pair
   on one rank, in a global first-seen order that does not depend on the number of
-  ranks, and a window's draw is four small all-gathers. Results equal a single process
+  ranks, and a window's draw is three small all-gathers. Results equal a single process
   whose batch is that window (``batch_size * world_size`` events).
 """
 from __future__ import annotations
@@ -233,7 +233,7 @@ class BoundNegatives:
 
     # ------------------------------------------------------- historical pairs
     def window(self, src: Tensor, dst: Tensor, t: Tensor, size: int, window_id: int,
-               epoch: int) -> Tuple[Tensor, Tensor]:
+               epoch: int, window_events: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         """Negative ``(src, dst)`` pairs ``[size]`` for a whole global batch window
         (collective over the bound group: every rank calls it for every window).
 
@@ -242,6 +242,7 @@ class BoundNegatives:
             size: number of negatives (the global window's events x k).
             window_id: the window's global start position (keys the draw).
             epoch: training epoch (evaluation draws ignore it).
+            window_events: the global window's events, when known (saves a collective).
         Returns:
             ``(neg_src, neg_dst)`` ``[size]``, the same on every rank, in draw order.
         """
@@ -249,7 +250,7 @@ class BoundNegatives:
                                           & ((1 << 62) - 1))
         n = self._n
         t_obs = self.t_obs if self.cfg.strategy == "inductive" else None
-        pos, cand = self.pairs.window(src * n + dst, t, t_obs)
+        pos, cand = self.pairs.window(src * n + dst, t, t_obs, window_events)
         m = len(cand)
         if m >= size:
             pick = cand.keys(draw_distinct(m, size, g))

@@ -12,10 +12,14 @@ it by a binary search, and the window's draw picks positions in the global order
 1. all-gather the window's events (keys, times): ``t_s``, ``t_e`` and the positives;
 2. all-gather the pairs of each rank's other events in ``[t_s, t_e]`` (ties at the
    window's ends): with the positives that is ``C``;
-3. all-gather each rank's candidate count and the positions of ``C`` in its piece;
+3. all-gather each rank's candidate count and the positions of ``C`` in its piece
+   (riding on step 2's all-gather, and sent again only when some rank had ties);
 4. every rank draws the same positions in ``[0, M)`` (``M = |H \\ C|``) from the
    window's seed, each rank looks up the keys of the positions in its piece, and an
    all-gather puts them in draw order.
+
+That is three all-gathers a window (four with ties), five collectives in all when the
+caller gives the window's size.
 
 A rank holds 32 bytes per distinct pair of its range (key, first time, a key-sorted
 lookup) and 16 bytes per own event of the stream (key, time): O((E + N) / P), plus the
@@ -176,43 +180,72 @@ class PairShards:
         return key[o], first[o]
 
     # ------------------------------------------------------------------ windows
-    def window(self, key: Tensor, t: Tensor, t_obs: Optional[float] = None
-               ) -> Tuple[Tensor, "Candidates"]:
+    def window(self, key: Tensor, t: Tensor, t_obs: Optional[float] = None,
+               max_events: Optional[int] = None) -> Tuple[Tensor, "Candidates"]:
         """The global window's positive keys and its candidates ``H \\ O \\ C``
-        (collective: steps 1-3 of the module's description).
+        (collective: steps 1-3 of the module's description; step 3 rides on step 2's
+        all-gather when no rank has an event outside the window in ``[t_s, t_e]``).
 
         Args:
             key: this rank's events of the window, ``src * N + dst`` ``[B_r]``.
             t: their times ``[B_r]``.
             t_obs: inductive: pairs first seen at or before it are not candidates.
+            max_events: the global window's events (``B_r`` on no rank exceeds it), when
+                every rank knows it: step 1 then needs one collective instead of two.
         Returns:
             the window's positive keys (every rank's) ``[B]`` and its :class:`Candidates`.
         """
-        got = all_gather_v(torch.stack([key, _as_bits(t)], 1), self.group)
+        rows = torch.stack([key, _as_bits(t)], 1)
+        if max_events is None:
+            got = all_gather_v(rows, self.group)
+        else:   # a header row with the count, padded to the bound: sizes known to all
+            pad = rows.new_zeros(int(max_events) + 1, 2)
+            pad[0, 0] = rows.size(0)
+            pad[1:1 + rows.size(0)] = rows
+            every = all_gather_v(pad, self.group, [pad.size(0)] * self.ws).view(self.ws, -1, 2)
+            got = torch.cat([every[r, 1:1 + int(every[r, 0, 0])] for r in range(self.ws)])
         pos, times = got[:, 0], _from_bits(got[:, 1])
         if pos.numel() == 0:
             return pos, Candidates(self, [(0, 0, pos)] * self.ws)
         ts = torch.tensor([float(times.min()), float(times.max())], dtype=torch.float64)
         a, b = torch.searchsorted(self.ev_t, ts[:1]), torch.searchsorted(self.ev_t, ts[1:], right=True)
         mine = torch.unique(self.ev_key[int(a):int(b)])
-        cur = torch.unique(torch.cat([pos, all_gather_v(mine[~torch.isin(mine, pos)], self.group)]))
+        extra = mine[~torch.isin(mine, pos)]     # ties at the window's ends
         hi = int(torch.searchsorted(self.first, ts[:1], right=True))
         lo = 0
         if t_obs is not None:
             lo = min(hi, int(torch.searchsorted(self.first, torch.tensor([float(t_obs)],
                                                                         dtype=torch.float64), right=True)))
-        nk = self._sorted_keys.numel()
-        p = torch.searchsorted(self._sorted_keys, cur).clamp(max=max(nk - 1, 0))
-        hit = self._sorted_keys[p] == cur if nk else torch.zeros_like(cur, dtype=torch.bool)
-        rows = self._key_rows[p[hit]]
-        ex = torch.sort(rows[(rows >= lo) & (rows < hi)] - lo).values
-        every = all_gather_v(torch.cat([torch.tensor([lo, hi - lo, ex.numel()]), ex]), self.group)
-        per, at = [], 0
-        for _ in range(self.ws):                                      # [lo, n, m, ex...] per rank
-            lo_r, n_r, m_r = (int(v) for v in every[at:at + 3])
-            per.append((lo_r, n_r, every[at + 3:at + 3 + m_r]))
-            at += 3 + m_r
+        # step 2, with step 3 as it stands if no rank has ties: [lo, n, m, e, ex..., extra...]
+        ex = self._excluded(torch.unique(torch.cat([pos, extra])), lo, hi)
+        head = torch.tensor([lo, hi - lo, ex.numel(), extra.numel()])
+        every = all_gather_v(torch.cat([head, ex, extra]), self.group)
+        per, ties, at = [], [], 0
+        for _ in range(self.ws):
+            lo_r, n_r, m_r, e_r = (int(v) for v in every[at:at + 4])
+            per.append((lo_r, n_r, every[at + 4:at + 4 + m_r]))
+            ties.append(every[at + 4 + m_r:at + 4 + m_r + e_r])
+            at += 4 + m_r + e_r
+        ties = torch.cat(ties)
+        if ties.numel():   # another rank's tie may be a pair of this rank's range: step 3 again
+            ex = self._excluded(torch.unique(torch.cat([pos, ties])), lo, hi)
+            every = all_gather_v(torch.cat([torch.tensor([ex.numel()]), ex]), self.group)
+            at = 0
+            for r in range(self.ws):
+                m_r = int(every[at])
+                per[r] = (per[r][0], per[r][1], every[at + 1:at + 1 + m_r])
+                at += 1 + m_r
         return pos, Candidates(self, per)
+
+    def _excluded(self, cur: Tensor, lo: int, hi: int) -> Tensor:
+        """Sorted rows, relative to ``lo``, of the keys ``cur`` that lie in this rank's
+        rows ``[lo, hi)``."""
+        nk = self._sorted_keys.numel()
+        if nk == 0:
+            return cur[:0]
+        p = torch.searchsorted(self._sorted_keys, cur).clamp(max=nk - 1)
+        rows = self._key_rows[p[self._sorted_keys[p] == cur]]
+        return torch.sort(rows[(rows >= lo) & (rows < hi)] - lo).values
 
 
 class Candidates:
@@ -239,5 +272,6 @@ class Candidates:
         adj = ex - torch.arange(ex.numel())                            # skip the excluded rows
         mine = sh.keys[lo + i + torch.searchsorted(adj, i, right=True)]
         out = torch.empty_like(at)
-        out[order] = all_gather_v(mine, sh.group)                     # by rank, draw order within
+        sizes = torch.bincount(r, minlength=sh.ws).tolist()           # known to every rank
+        out[order] = all_gather_v(mine, sh.group, sizes)              # by rank, draw order within
         return out
