@@ -124,10 +124,16 @@ def test_two_ranks_train_like_one_process(tmp_path):
     got, params = _gather(run_distributed(_epoch, 2, root, True), g.num_nodes)
     assert torch.equal(params[0], params[1])               # replicas stay identical
     assert (ref[5] - init).abs().max() > 1e-3              # training moved the parameters
-    # measured: 3.6e-6 apart after moving 7e-3; without the loss scaling of run_epoch
-    # (plain mean of the ranks' means over their 61 / 59 events) 7.5e-3 apart
-    assert torch.allclose(params[0], ref[5], atol=5e-5), (params[0] - ref[5]).abs().max()
-    _same_state(got, ref, atol=1e-4)
+    # measured: 3.6e-6 apart after moving 7e-3 (Intel Xeon VM); without the loss scaling
+    # of run_epoch (plain mean of the ranks' means over their 61 / 59 events) 7.5e-3 apart.
+    # On an AMD EPYC VM with the compiled kernels the two runs part at one late step: 1.1 %
+    # of the entries end up to 0.9e-3 (one Adam step) apart, and the memory as much, while
+    # batch sizes 130-2000 agree within 3e-6 and the torch paths within 4e-6 at this one;
+    # a unit whose input is within rounding of 0 (a ReLU, a gradient's sign under Adam)
+    # took another side. So: nearly every entry within rounding, none beyond two steps.
+    d = (params[0] - ref[5]).abs()
+    assert float((d > 5e-5).float().mean()) < 0.02 and float(d.max()) < 2e-3, float(d.max())
+    _same_state(got, ref, atol=2e-3)
 
 
 @pytest.mark.slow
