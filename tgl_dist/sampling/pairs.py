@@ -66,6 +66,14 @@ def _lex_cut(first: Tensor, key: Tensor, f: float, k: int) -> int:
     return lo + int(torch.searchsorted(key[lo:hi], torch.tensor([k], dtype=torch.long), right=False))
 
 
+def _first_seen(key: Tensor, t: Tensor) -> Tuple[Tensor, Tensor]:
+    """The distinct ``key`` values (sorted) and the earliest ``t`` of each ``[U]``."""
+    uk, inv = torch.unique(key, return_inverse=True)
+    first = torch.full((uk.numel(),), float("inf"), dtype=torch.float64)
+    first.scatter_reduce_(0, inv, t, "amin")
+    return uk, first
+
+
 def first_occurrences(x: Tensor) -> Tensor:
     """The distinct values of ``x`` ``[n]`` in the order they first occur."""
     u, inv = torch.unique(x, return_inverse=True)
@@ -134,17 +142,12 @@ class PairShards:
     def _distinct(self, key: Tensor, t: Tensor) -> Tuple[Tensor, Tensor]:
         """Each distinct pair once over all ranks (on the rank its key hashes to), with
         its first time over all ranks."""
-        uk, inv = torch.unique(key, return_inverse=True)
-        first = torch.full((uk.numel(),), float("inf"), dtype=torch.float64)
-        first.scatter_reduce_(0, inv, t, "amin")
+        uk, first = _first_seen(key, t)
         if self.ws == 1:
             return uk, first
         home = (mix64(uk) & ((1 << 62) - 1)) % self.ws
         got = Plan(home, self.group).forward(torch.stack([uk, _as_bits(first)], 1))
-        uk, inv = torch.unique(got[:, 0], return_inverse=True)
-        first = torch.full((uk.numel(),), float("inf"), dtype=torch.float64)
-        first.scatter_reduce_(0, inv, _from_bits(got[:, 1]), "amin")
-        return uk, first
+        return _first_seen(got[:, 0], _from_bits(got[:, 1]))
 
     def _cut(self, key: Tensor, first: Tensor) -> Tuple[Tensor, Tensor]:
         """Move the pairs so that rank r holds the r-th of P contiguous ranges of the
