@@ -156,8 +156,9 @@ def _both(chunks, hist):
     h = hist[ctx.rank::2]                         # each rank memorises its share, then syncs
     bank.update(h[:, 0], h[:, 1])
     bank.sync()
-    from tgl_dist.metrics.edgebank import owner_rank, pair_keys
-    other = hist[owner_rank(pair_keys(hist[:, 0], hist[:, 1]), 2) != ctx.rank][:1]
+    from tgl_dist.dist import hash_owner
+    from tgl_dist.metrics.edgebank import pair_keys
+    other = hist[hash_owner(pair_keys(hist[:, 0], hist[:, 1]), 2) != ctx.rank][:1]
     try:   # a synced bank answers for its own pairs only, and says so
         bank.contains(other[:, 0], other[:, 1])
         refused = ""

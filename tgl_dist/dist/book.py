@@ -6,7 +6,8 @@ Every rank holds the node book (owner int32, local row and the owner-sorted orde
 it is metadata, not node state, and it lets any rank route a request for any
 node to its owner without asking anyone. Events are too many for that (E is 10 to 100
 times N): the :class:`EventBook` is dealt over the ranks (eid ``e`` to rank ``e mod P``),
-and a rank asks the holder of an eid's entry where the event lives.
+and a rank asks the holder of an eid's entry where the event lives. Keys no book lists
+(pairs of nodes) are owned by a hash of the key (:func:`hash_owner`).
 """
 from __future__ import annotations
 
@@ -150,6 +151,16 @@ class EventBook:
     def __repr__(self) -> str:
         return (f"EventBook(num_events={self.num_events}, num_parts={self.num_parts}, "
                 f"rank={self.rank}, entries={self.owner.numel()})")
+
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)   # Fibonacci hashing: spreads keys over the ranks
+
+
+def hash_owner(keys: Tensor, world_size: int) -> Tensor:
+    """``[n]`` the rank in ``[0, world_size)`` that owns each int64 key ``[n]``, by a
+    multiplicative hash: any rank computes it without asking (e.g. a (src, dst) pair's
+    key in EdgeBank's sharded memory or in historical negatives' pair shards)."""
+    return (((keys * _GOLDEN) >> 33) & ((1 << 30) - 1)) % world_size
 
 
 def directory_size(num_events: int, num_parts: int, rank: int) -> int:

@@ -28,18 +28,13 @@ from typing import Dict, List, Optional, Union
 import torch
 from torch import Tensor
 
+from tgl_dist.dist.book import hash_owner
 from tgl_dist.dist.exchange import Plan, world
 from tgl_dist.metrics.ranking import LinkPredMetrics
 from tgl_dist.metrics.tgb import TGBMetrics
 
 _SHIFT = 31
 _LIMIT = 1 << _SHIFT
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)   # Fibonacci hashing: spreads keys over the ranks
-
-
-def owner_rank(keys: Tensor, world_size: int) -> Tensor:
-    """``[n]`` the rank that holds each pair key in a bank synced over ``world_size`` ranks."""
-    return (((keys * _GOLDEN) >> 33) & ((1 << 30) - 1)) % world_size
 
 
 def pair_keys(src: Tensor, dst: Tensor) -> Tensor:
@@ -102,12 +97,12 @@ class EdgeBank:
         owns only, a ``ValueError`` for another's)."""
         keys = pair_keys(src, dst)
         if self.shards > 1:
-            other = owner_rank(keys, self.shards) != self.rank
+            other = hash_owner(keys, self.shards) != self.rank
             if bool(other.any()):
                 i = int(other.nonzero()[0])
                 raise ValueError(f"EdgeBank synced over {self.shards} ranks: pair "
                                  f"({int(keys[i] >> _SHIFT)}, {int(keys[i] & (_LIMIT - 1))}) is "
-                                 f"held by rank {int(owner_rank(keys[i:i + 1], self.shards))}, "
+                                 f"held by rank {int(hash_owner(keys[i:i + 1], self.shards))}, "
                                  f"not {self.rank}; score through EdgeBankMetrics.compute")
         return self._contains_keys(keys)
 
@@ -125,11 +120,11 @@ class EdgeBank:
     def sync(self, group=None) -> None:
         """Shard the memory over the ranks (a collective: all ranks call it), e.g. after
         each rank memorised its own share of the training events: every pair moves to
-        the rank :func:`owner_rank` names, so this rank then holds its share of all ranks'
+        the rank :func:`~tgl_dist.dist.hash_owner` names, so this rank then holds its share of all ranks'
         pairs (``len()`` counts them) and the ranks together hold each pair once."""
         rank, ws = world(group)
         keys = self.keys()
-        keys = Plan(owner_rank(keys, ws), group).forward(keys)
+        keys = Plan(hash_owner(keys, ws), group).forward(keys)
         self._levels = []
         self._add_keys(keys)
         self.rank, self.shards = rank, ws
@@ -238,10 +233,10 @@ class EdgeBankMetrics:
         P = pos.numel()
         # every positive and every query goes to its pair's owner, which scores it against
         # its share of the memory plus the split's positives of that pair
-        mine = Plan(owner_rank(pos, ws), group).forward(torch.stack([pos, step], 1))
+        mine = Plan(hash_owner(pos, ws), group).forward(torch.stack([pos, step], 1))
         q = torch.cat([pos, neg.reshape(-1)])
         q_step = torch.cat([step, step.view(-1, 1).expand(P, k).reshape(-1)])
-        ask = Plan(owner_rank(q, ws), group)
+        ask = Plan(hash_owner(q, ws), group)
         asked = ask.forward(torch.stack([q, q_step], 1))
         mine, asked = mine.t().contiguous(), asked.t().contiguous()     # [2, n]: keys, steps
         scores = ask.backward(edgebank_split_scores(self.bank, mine[0], mine[1], asked[0], asked[1]))
@@ -293,4 +288,4 @@ def evaluate_edgebank(bank: EdgeBank, src: Tensor, dst: Tensor, neg_dst: Tensor,
 
 
 __all__ = ["EdgeBank", "EdgeBankMetrics", "evaluate_edgebank", "edgebank_split_scores",
-           "pair_keys", "owner_rank"]
+           "pair_keys"]

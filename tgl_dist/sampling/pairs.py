@@ -37,8 +37,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from tgl_dist.dist import Plan, all_gather_v, world
-from tgl_dist.sampling.hashing import mix64
+from tgl_dist.dist import Plan, all_gather_v, hash_owner, world
 
 SMALL = 1 << 20     # candidate ranges up to this many pairs are drawn by a full permutation
 _SAMPLES = 256      # splitter samples per rank when the pairs are cut into ranges
@@ -145,8 +144,7 @@ class PairShards:
         uk, first = _first_seen(key, t)
         if self.ws == 1:
             return uk, first
-        home = (mix64(uk) & ((1 << 62) - 1)) % self.ws
-        got = Plan(home, self.group).forward(torch.stack([uk, _as_bits(first)], 1))
+        got = Plan(hash_owner(uk, self.ws), self.group).forward(torch.stack([uk, _as_bits(first)], 1))
         return _first_seen(got[:, 0], _from_bits(got[:, 1]))
 
     def _cut(self, key: Tensor, first: Tensor) -> Tuple[Tensor, Tensor]:
