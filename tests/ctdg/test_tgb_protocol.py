@@ -239,8 +239,14 @@ def test_test_mrr_is_tgb_evaluator_on_the_model_scores(tgb_root, tmp_path, monke
 def _run(root, parts):
     from tgl_dist import DistributedContext
     ctx = DistributedContext.init()
+    if ctx.rank != 0:   # only the rank that partitions reads TGB's files
+        def refuse(path):
+            raise AssertionError(f"rank {ctx.rank} read {path}")
+        ours.read_tgb_negatives_file = refuse
     tr = _trainer(root, parts, context=ctx, partition_algo="hash", epochs=2, sample=True,
                   lr=1e-30)
+    held = {s: int(t.eid.numel()) for s, t in tr.pdata.eval_negatives.items()}
+    assert held == {s: int(tr.graph.split_events(s).eid.numel()) for s in ("val", "test")}
     out = tr.fit()
     return {k: v for k, v in out.items() if "mrr" in k or "hits" in k or k == "best_epoch"}
 
@@ -319,3 +325,72 @@ def test_a_resumed_run_ends_as_one_that_never_stopped(tgb_root, tmp_path):
         Trainer(_config(2), NAME, parts=tmp_path / "parts", root=str(tgb_root),
                 dataset_kwargs={"download": False}, progress=False, checkpoint_dir=ck,
                 resume=True)
+
+
+def _split_negatives(root):
+    g = ours.load_tgb(NAME, root, download=False)
+    return g, {s: ours.load_tgb_negatives(NAME, s, g, root=root) for s in ("val", "test")}
+
+
+def test_each_part_stores_the_negatives_of_its_own_events(tgb_root, tmp_path):
+    """``python -m tgl_dist.partition --data tgbl-wiki``: each part keeps TGB's lists of
+    the events it owns (int32, padded as read), together the whole split once; with
+    ``--no-tgb-negatives`` none, and the protocol says what to do."""
+    from tgl_dist.graph import DistributedGraphStore
+    from tgl_dist.partition import partition_load
+    from tgl_dist.partition.__main__ import main
+    from tgl_dist.ctdg.tgb_protocol import TGBProtocol
+    g, whole = _split_negatives(tgb_root)
+    assert main(["--data", NAME, "--root", str(tgb_root), "--num-parts", "2", "--algo", "hash",
+                 "--out", str(tmp_path / "parts"), "--quiet"]) == 0
+    parts = [partition_load(tmp_path / "parts" / NAME, "hash", rank=r, world_size=2)
+             for r in range(2)]
+    for split, tab in whole.items():
+        got = [p.eval_negatives[split] for p in parts]
+        for p, t in zip(parts, got):
+            assert torch.equal(t.eid, p.eids[getattr(p, f"{split}_mask")])
+            assert t.dst.dtype == torch.int32 and 0 < t.eid.numel() < tab.eid.numel()
+            assert torch.equal(t.dst.long(), tab.rows(t.eid))
+            assert t.source == {"file": f"{NAME}_{split}_ns_v2.pkl", "bytes":
+                                (tgb_root / "tgbl_wiki" / t.source["file"]).stat().st_size}
+        assert torch.equal(torch.sort(torch.cat([t.eid for t in got])).values, tab.eid)
+    assert main(["--data", NAME, "--root", str(tgb_root), "--num-parts", "1", "--algo", "hash",
+                 "--out", str(tmp_path / "bare"), "--quiet", "--no-tgb-negatives"]) == 0
+    bare = partition_load(tmp_path / "bare" / NAME, "hash", rank=0, world_size=1)
+    assert bare.eval_negatives == {} and "eval_negatives" not in bare.manifest
+    with pytest.raises(RunSetupError, match=r"holds no TGB negatives of the val split.*"
+                                            r"tgl_dist.partition --data tgbl-wiki"):
+        TGBProtocol(NAME, DistributedGraphStore(bare))
+
+
+def test_a_partition_without_the_negatives_is_written_again_with_them(tgb_root, tmp_path,
+                                                                        caplog):
+    """The trainer under TGB's protocol partitions again where the partition lacks the
+    negatives, or holds those of a replaced file (another size), and not otherwise."""
+    import logging
+    import shutil
+    from tgl_dist.partition.__main__ import main
+    from tgl_dist.partition.storage import read_manifest
+    root = tmp_path / "tgb"
+    shutil.copytree(tgb_root, root)
+    parts = tmp_path / "parts"
+    assert main(["--data", NAME, "--root", str(root), "--num-parts", "1", "--algo", "hash",
+                 "--out", str(parts), "--quiet", "--no-tgb-negatives"]) == 0
+    folder = parts / NAME / "hash_1"
+    with caplog.at_level(logging.INFO, logger="tgl_dist.ctdg.run"):
+        _trainer(root, parts, partition_algo="hash")
+    assert "holds no TGB negatives" in caplog.text
+    first = read_manifest(folder)["eval_negatives"]["val"]["source"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tgl_dist.ctdg.run"):
+        _trainer(root, parts, partition_algo="hash")
+    assert "partitioning" not in caplog.text            # up to date: kept
+    pkl = root / "tgbl_wiki" / first["file"]            # the same lists, pickled anew
+    pkl.write_bytes(pickle.dumps(pickle.loads(pkl.read_bytes()), protocol=2))
+    with caplog.at_level(logging.INFO, logger="tgl_dist.ctdg.run"):
+        tr = _trainer(root, parts, partition_algo="hash")
+    assert "holds no TGB negatives" in caplog.text
+    now = read_manifest(folder)["eval_negatives"]["val"]["source"]
+    assert now["bytes"] == pkl.stat().st_size != first["bytes"]
+    assert torch.equal(tr.pdata.eval_negatives["val"].dst.long(),
+                       _split_negatives(root)[1]["val"].dst)

@@ -20,7 +20,7 @@ from tgl_dist.dist import broadcast_object, world
 from tgl_dist.errors import TGLDistError
 from tgl_dist.partition import partition_graph
 from tgl_dist.partition.replicate import replicate_partition
-from tgl_dist.partition.storage import MANIFEST, written_from
+from tgl_dist.partition.storage import MANIFEST, read_manifest, written_from
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
                      world_size: Optional[int] = None, rank: Optional[int] = None,
                      repartition: bool = False, root: Optional[str] = None,
                      format: Optional[str] = None,
-                     dataset_kwargs: Optional[Dict[str, Any]] = None) -> Path:
+                     dataset_kwargs: Optional[Dict[str, Any]] = None,
+                     tgb_negatives: bool = False) -> Path:
     """The dataset's partition folder ``parts/<name>`` holding ``<algo>_<world_size>``,
     written on first use (collective: every rank calls it).
 
@@ -91,6 +92,11 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
         repartition: partition again even if a matching partition exists.
         root, format, dataset_kwargs: passed to ``load_dataset`` (``root`` folder of the
             named datasets, file ``format``, e.g. ``{'num_nodes': 60}`` for synthetic).
+        tgb_negatives: the partition must hold TGB's validation and test negatives
+            (``eval_protocol='tgb'``): rank 0 reads ``<root>/<tgbl_name>/*_ns*.pkl`` once
+            and each part stores its own events' lists (``part_<r>/eval_negatives.pt``);
+            a partition without them, or with those of another file (the size its
+            manifest records differs), is written again.
     """
     r, w = world()
     rank = r if rank is None else rank
@@ -107,12 +113,19 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
             check_splits(g, data if isinstance(data, str) else g.name)
             folder = Path(parts) / g.name
             part = folder / f"{algo}_{world_size}"
-            if repartition or not written_from(part, g.fingerprint()):
+            same = written_from(part, g.fingerprint())
+            negs = _tgb_sources(g.name, root) if tgb_negatives else None
+            if repartition or not same or (negs and not _holds_negatives(part, negs)):
                 if part.is_dir() and not repartition:
-                    log.warning("%s was written from other data than %s; partitioning again",
-                                part, getattr(g, "name", data))
+                    if not same:
+                        log.warning("%s was written from other data than %s; partitioning "
+                                    "again", part, getattr(g, "name", data))
+                    else:
+                        log.info("%s holds no TGB negatives of %s; partitioning again with "
+                                 "them", part, ", ".join(v["file"] for v in negs.values()))
                 log.info("partitioning %s into %d parts with %s", g.name, world_size, algo)
-                partition_graph(g, world_size, algo, parts, force=True)
+                partition_graph(g, world_size, algo, parts, force=True,
+                                eval_negatives=_read_tgb_negatives(g, root) if negs else None)
         except (TGLDistError, ValueError, OSError) as e:   # OSError: parts not writable
             err = f"{type(e).__name__}: {e}" if not isinstance(e, RunSetupError) else str(e)
     if world(None)[1] > 1:
@@ -121,6 +134,29 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
         raise RunSetupError(err)
     replicate_partition(part)   # nodes that do not see rank 0's --parts get a copy
     return Path(folder)
+
+
+def _tgb_sources(name: str, root: Optional[str]) -> Dict[str, Dict]:
+    """``{split: {'file', 'bytes'}}`` of TGB's val/test negatives files of dataset ``name``
+    (``DatasetNotFoundError`` naming the file where one is absent)."""
+    from tgl_dist.data.loaders.tgb import negatives_source, tgb_negatives_path
+    return {s: negatives_source(tgb_negatives_path(name, s, root)) for s in ("val", "test")}
+
+
+def _holds_negatives(part: Path, sources: Dict[str, Dict]) -> bool:
+    """Whether the partition ``part`` stores the negatives read from ``sources``."""
+    try:
+        have = read_manifest(part).get("eval_negatives") or {}
+    except TGLDistError:
+        return False
+    return all((have.get(s) or {}).get("source") == src for s, src in sources.items())
+
+
+def _read_tgb_negatives(g: Any, root: Optional[str]) -> Dict[str, Any]:
+    """TGB's val/test lists of every event of the splits of ``g`` (read once, on the rank
+    that partitions; each part keeps its own events' rows)."""
+    from tgl_dist.data.loaders.tgb import load_tgb_negatives
+    return {s: load_tgb_negatives(g.name, s, g, root) for s in ("val", "test")}
 
 
 def make_run_dir(out: Union[None, str, Path], data: str, model: str,

@@ -10,8 +10,8 @@ What TGB's own examples do (py-tgb, ``examples/linkproppred/tgbl-wiki/tgn.py``):
 * the memory is updated with each batch's positives after the batch is scored;
 * the model is selected (and stopped early) on validation MRR.
 
-Here each rank looks up the negatives of its own events of the split
-(:func:`~tgl_dist.data.loaders.tgb.tgb_negatives_for_events`), the loader hands them out
+Here each rank holds the negatives of its own events of the split, stored with its
+partition (rank 0 reads TGB's file once when it partitions), the loader hands them out
 as any negatives (:class:`~tgl_dist.sampling.fixed.FixedNegatives`: the same step layout,
 short lists padded with a valid node and masked), and :class:`TGBMetrics` ranks each
 positive among its real negatives and averages over the whole split, gathered from all
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tgl_dist.ctdg.run import LoaderTap, RunSetupError
-from tgl_dist.data.loaders.tgb import TGB_DATASETS, tgb_negatives_for_events, tgb_spec
+from tgl_dist.data.loaders.tgb import TGB_DATASETS, tgb_spec
 from tgl_dist.dist.exchange import all_reduce_max_int, broadcast_object
 from tgl_dist.metrics import EdgeBankMetrics
 from tgl_dist.metrics.tgb import TGBMetrics
@@ -59,12 +59,16 @@ class TGBProtocol:
     """TGB's validation and test negatives for this rank's events, and the per-split
     metrics (collective construction: every rank builds it).
 
+    The lists come from the rank's partition (``pdata.eval_negatives``: the rows of its
+    own events, mapped from ``part_<r>/eval_negatives.pt``), which
+    :func:`~tgl_dist.ctdg.run.ensure_partition` writes with ``tgb_negatives=True``
+    from TGB's ``*_ns*.pkl``: no rank reads the whole file (rank 0 did, once, when it
+    partitioned).
+
     Args:
         name: the TGB dataset (``tgbl-wiki``, ...).
         graph: this rank's :class:`~tgl_dist.graph.DistributedGraphStore` (its
-            ``split_events('val')`` / ``('test')`` are the events looked up).
-        root: the folder of the named datasets (as for ``load_dataset``; ``None``: the
-            default root).
+            ``pdata.eval_negatives`` must cover ``split_events('val')`` / ``('test')``).
         group: process group of the setup's agreement (errors, the row width).
 
     Attributes:
@@ -72,21 +76,29 @@ class TGBProtocol:
             list of the split over all ranks.
 
     Raises:
-        RunSetupError: on every rank, when a rank cannot read its negatives (the file
-            absent, not this dataset's); the message is the first failing rank's.
+        RunSetupError: on every rank, when a rank's partition lacks its negatives (written
+            without them, or by another version); the message is the first failing rank's.
     """
 
-    def __init__(self, name: str, graph: Any, root: Optional[str] = None, group=None) -> None:
+    def __init__(self, name: str, graph: Any, group=None) -> None:
         self.name = tgb_spec(name).name
+        stored = getattr(getattr(graph, "pdata", None), "eval_negatives", None) or {}
         tables, err = {}, None
         for split in ("val", "test"):
-            ev = graph.split_events(split)
-            try:
-                tables[split] = tgb_negatives_for_events(self.name, split, ev.src, ev.dst, ev.t,
-                                                         ev.eid, graph.num_nodes, root)
-            except Exception as e:   # every rank must reach the agreement below (no hang)
-                err = f"eval_protocol='tgb': {type(e).__name__}: {e}"
+            tab, ev = stored.get(split), graph.split_events(split)
+            if tab is None:
+                err = (f"eval_protocol='tgb': the partition holds no TGB negatives of the "
+                       f"{split} split (it was written without them): partition it with "
+                       f"them, ensure_partition(..., tgb_negatives=True) as the Trainer does, "
+                       f"or python -m tgl_dist.partition --data {self.name} --root <the "
+                       f"folder holding {tgb_spec(self.name).folder}/>")
                 break
+            if not torch.equal(tab.eid, ev.eid.to(tab.eid.dtype)):
+                err = (f"eval_protocol='tgb': the partition's {split} negatives are of "
+                       f"{tab.eid.numel()} events, this rank owns {ev.eid.numel()} of the "
+                       f"split: partition again (repartition=True, or --force)")
+                break
+            tables[split] = tab
         rank = getattr(graph, "rank", 0)
         bad = all_reduce_max_int(rank + 1 if err else 0, group)
         if bad:

@@ -219,7 +219,8 @@ class Trainer:
                      tr.local_batch_size, self.batch_size, self.world_size)
         self.per_rank_batch, chunk = split_batch(self.batch_size, self.world_size, tr.reorder)
         self.folder = ensure_partition(data, parts, partition_algo, self.world_size, self.rank,
-                                       repartition, root, format, dataset_kwargs)
+                                       repartition, root, format, dataset_kwargs,
+                                       tgb_negatives=eval_protocol == "tgb")
         self.pdata = partition_load(self.folder, partition_algo)
         self.graph = DistributedGraphStore(self.pdata)
         smp = config.sampling
@@ -248,7 +249,7 @@ class Trainer:
         self.tgb: Optional[tgb_protocol.TGBProtocol] = None
         if eval_protocol == "tgb":   # TGB's own val/test negatives, each rank its events'
             self.tgb = tgb_protocol.TGBProtocol(tgb_protocol.tgb_dataset_name(self.folder.name),
-                                                self.graph, root)
+                                                self.graph)
             negs.update(self.tgb.negatives)
         self.loaders = {
             s: DistributedDataLoader(self.graph, s, sampler=self.sampler, neg_sampler=negs[s],

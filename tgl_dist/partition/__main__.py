@@ -2,7 +2,9 @@
 
 Loads a dataset with :func:`tgl_dist.data.load_dataset`, partitions it, writes
 ``OUT/<name>/<algo>_<P>/`` atomically, prints a per-part summary table and, as the
-last line, one JSON object with the statistics.
+last line, one JSON object with the statistics. For a TGB dataset (``tgbl-*``) each part
+also stores TGB's validation and test negatives of its own events (``--no-tgb-negatives``:
+not).
 """
 from __future__ import annotations
 
@@ -47,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-nodes", type=int, default=None, help="number of nodes")
     g.add_argument("--num-events", type=int, default=None, help="number of events")
     g.add_argument("--data-seed", type=int, default=None, help="generator seed")
+    p.add_argument("--no-tgb-negatives", action="store_true",
+                   help="for a TGB dataset (tgbl-*): do not store TGB's validation and test "
+                        "negatives with the partition (by default each part keeps its own "
+                        "events' lists from the *_val_ns*.pkl / *_test_ns*.pkl files, which "
+                        "--eval-protocol tgb needs)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -68,6 +75,23 @@ def format_table(stats: dict) -> str:
     return "\n".join(lines)
 
 
+def _tgb_negatives(graph, root: Optional[str], quiet: bool) -> Optional[dict]:
+    """TGB's val/test negatives of ``graph`` when it is a TGB dataset (``None`` for any
+    other); a TGB dataset whose negatives files are absent is an error that names them
+    (``--no-tgb-negatives`` partitions it without)."""
+    from tgl_dist.data.loaders.tgb import TGB_DATASETS, load_tgb_negatives
+    if graph.name not in TGB_DATASETS:
+        return None
+    if not quiet:
+        print(f"reading TGB's validation and test negatives of {graph.name} ...",
+              file=sys.stderr, flush=True)
+    try:
+        return {s: load_tgb_negatives(graph.name, s, graph, root) for s in ("val", "test")}
+    except FileNotFoundError as e:
+        raise ValueError(f"{e} (or pass --no-tgb-negatives: the partition then serves "
+                         f"--eval-protocol random only)") from None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -84,9 +108,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not args.quiet:
             print(f"loading {args.data} ...", file=sys.stderr, flush=True)
         graph = load_dataset(args.data, root=args.root, format=args.format, **kw)
+        negatives = None if args.no_tgb_negatives else _tgb_negatives(graph, args.root,
+                                                                       args.quiet)
         load_s = time.perf_counter() - t0
         path = partition_graph(graph, args.num_parts, args.algo, args.out, force=args.force,
-                               seed=args.seed, name=args.name, progress=not args.quiet)
+                               seed=args.seed, name=args.name, progress=not args.quiet,
+                               eval_negatives=negatives)
     except (TGLDistError, ValueError, OSError) as e:   # OSError: --out not writable
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -99,6 +126,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                **{k: stats[k] for k in ("balance_nodes", "balance_events", "edge_cut",
                                         "replication", "seconds", "nodes_per_part",
                                         "events_per_part")},
+               **({"tgb_negatives": {s: v["num_neg"] for s, v in
+                                     manifest["eval_negatives"].items()}}
+                  if manifest.get("eval_negatives") else {}),
                "load_seconds": round(load_s, 3),
                "total_seconds": round(time.perf_counter() - t0, 3)}
     print(json.dumps(summary))

@@ -14,6 +14,7 @@ from typing import Dict, Optional, Union
 import torch
 from torch import Tensor
 
+from tgl_dist.data.negatives import EventNegatives
 from tgl_dist.dist import EventBook, PartitionBook, world
 from tgl_dist.errors import PartitionError
 from tgl_dist.integrity import unreadable_reason
@@ -74,11 +75,16 @@ class PartitionData:
         train_mask, val_mask, test_mask, inductive_train_mask, new_node_val_mask,
             new_node_test_mask: split masks over the owned events, ``[e]`` bool.
         sample_graph: :class:`SampleGraph` of all events touching an owned node.
+        eval_negatives: pre-generated negatives stored with the partition (TGB's
+            val/test lists), ``{split: EventNegatives}`` of the OWNED events of the
+            split (``eid [p]``, ``dst [p, q]`` int32, ``-1`` padding); ``{}`` when the
+            partition was written without them.
         stats: partition statistics from the manifest.
     """
 
     def __init__(self, rank: int, manifest: Dict, book: PartitionBook, edge_book: EventBook,
-                 nodes: Dict, events: Dict, sample: Dict) -> None:
+                 nodes: Dict, events: Dict, sample: Dict,
+                 eval_negatives: Optional[Dict[str, EventNegatives]] = None) -> None:
         self.rank = rank
         self.manifest = manifest
         self.num_parts = int(manifest["num_parts"])
@@ -104,6 +110,7 @@ class PartitionData:
         self.new_node_val_mask: Tensor = masks["new_node_val"]
         self.new_node_test_mask: Tensor = masks["new_node_test"]
         self.sample_graph = SampleGraph(**sample)
+        self.eval_negatives: Dict[str, EventNegatives] = dict(eval_negatives or {})
 
     @property
     def num_local_nodes(self) -> int:
@@ -217,10 +224,37 @@ def partition_load(root: Union[str, Path], algo: str, rank: Optional[int] = None
     lacking = [k for k in MASK_NAMES if k not in events["masks"]]
     if lacking:
         raise PartitionError(f"{folder / part}events.pt: lacks the masks {', '.join(lacking)}")
+    negatives = _eval_negatives(folder, part, manifest)
     try:
         edge_book = EventBook(int(manifest["num_events"]), world_size, rank, directory["owner"],
                               directory["row"])
     except ValueError as e:
         raise PartitionError(f"{folder / part}event_book.pt: {e}") from None
     return PartitionData(rank, manifest, PartitionBook(node_owner, num_parts=world_size),
-                         edge_book, nodes, events, sample)
+                         edge_book, nodes, events, sample, negatives)
+
+
+def _eval_negatives(folder: Path, part: str, manifest: Dict) -> Dict[str, EventNegatives]:
+    """The part's ``eval_negatives.pt`` (mapped) as ``{split: EventNegatives}``, checked
+    against the manifest; ``{}`` when the manifest records none."""
+    info = manifest.get("eval_negatives") or {}
+    if not info:
+        return {}
+    path = folder / part / "eval_negatives.pt"
+    if part + "eval_negatives.pt" not in manifest["files"]:
+        raise PartitionError(f"{folder / MANIFEST}: records eval_negatives but does not list "
+                             f"{part}eval_negatives.pt")
+    obj = _load(path)
+    out = {}
+    for split, meta in info.items():
+        rows = obj.get(split) if isinstance(obj, dict) else None
+        if not isinstance(rows, dict) or "eid" not in rows or "dst" not in rows:
+            raise PartitionError(f"{path}: lacks the {split} negatives ({{'eid', 'dst'}})")
+        eid, dst = rows["eid"], rows["dst"]
+        if eid.dim() != 1 or dst.dim() != 2 or dst.size(0) != eid.numel() \
+                or dst.size(1) != int(meta["num_neg"]):
+            raise PartitionError(f"{path}: {split} negatives of shape {tuple(dst.shape)} for "
+                                 f"{eid.numel()} events; the manifest says "
+                                 f"{meta['num_neg']} per event")
+        out[split] = EventNegatives(split, eid, dst, meta.get("source"))
+    return out

@@ -16,6 +16,9 @@ renamed into place at the end, see :func:`tgl_dist.integrity.atomic_dir`)::
                          {"src", "dst", "t", "eid"}
     part_<r>/event_book.pt    the directory entries of the eids r, r + P, r + 2P, ...:
                          {"owner": int32, "row": int64} (owner rank, row in its events.pt)
+    part_<r>/eval_negatives.pt  (only when given, e.g. TGB's val/test lists) per split,
+                         the pre-generated negatives of the part's OWN events of it:
+                         {split: {"eid": int64 [p_r] increasing, "dst": int32 [p_r, q]}}
 
 Event ownership: event ``i`` belongs to ``owner[src[i]]``. The source's memory and
 mail update (the work every memory model does per event) is then local to the
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -110,9 +113,46 @@ def _part_payload(graph: TemporalGraph, node_ids: Tensor, event_idx: Tensor,
                               "t": graph.t[touching], "eid": graph.eid[touching]}
 
 
+def _negatives_of_part(tables: Mapping[str, Any], event_owner: Tensor, r: int) -> Dict:
+    """``{split: {"eid", "dst"}}``: the rows of ``tables`` whose event part ``r`` owns
+    (``dst`` as int32 where node ids fit: half the bytes)."""
+    out = {}
+    for split, tab in tables.items():
+        keep = event_owner[tab.eid] == r
+        dst = tab.dst[keep]
+        if dst.numel() == 0 or int(dst.max()) < 2 ** 31:
+            dst = dst.to(torch.int32)
+        out[split] = {"eid": tab.eid[keep].clone(), "dst": dst.contiguous()}
+    return out
+
+
+def _check_negatives(tables: Mapping[str, Any], graph: TemporalGraph) -> Dict[str, Dict]:
+    """What the manifest records of ``tables`` (``ValueError`` where a table does not fit
+    the graph): per split q, the number of events and the source file."""
+    info = {}
+    for split, tab in tables.items():
+        if split not in MASK_NAMES:
+            raise ValueError(f"eval_negatives: unknown split {split!r} (one of {MASK_NAMES})")
+        eid, dst = torch.as_tensor(tab.eid), torch.as_tensor(tab.dst)
+        if eid.dim() != 1 or dst.dim() != 2 or dst.size(0) != eid.numel():
+            raise ValueError(f"eval_negatives[{split!r}]: eid must be [S] and dst [S, q], got "
+                             f"{tuple(eid.shape)} and {tuple(dst.shape)}")
+        if eid.numel() and (int(eid.min()) < 0 or int(eid.max()) >= graph.num_events
+                            or not bool((eid[1:] > eid[:-1]).all())):
+            raise ValueError(f"eval_negatives[{split!r}]: eid must be increasing event ids in "
+                             f"[0, {graph.num_events})")
+        if dst.numel() and (int(dst.min()) < -1 or int(dst.max()) >= graph.num_nodes):
+            raise ValueError(f"eval_negatives[{split!r}]: negatives must be node ids in "
+                             f"[0, {graph.num_nodes}) or -1 (padding)")
+        info[split] = {"num_neg": int(dst.size(1)), "events": int(eid.numel()),
+                       "source": getattr(tab, "source", None)}
+    return info
+
+
 def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[str, Path],
                     force: bool = False, seed: int = 0, name: Optional[str] = None,
-                    progress: bool = False) -> Path:
+                    progress: bool = False,
+                    eval_negatives: Optional[Mapping[str, Any]] = None) -> Path:
     """Partition ``graph`` into ``num_parts`` parts with ``algo`` and write it to disk.
 
     Args:
@@ -124,6 +164,11 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
         seed: seed of the algorithm (``random`` shuffle, METIS seed).
         name: dataset folder name (default ``graph.name``).
         progress: show a tqdm progress bar on stderr.
+        eval_negatives: pre-generated negatives to store with the partition, ``{split:
+            table}`` with ``table.eid [S]`` (increasing) and ``table.dst [S, q]`` (``-1``
+            padding), e.g. :func:`tgl_dist.data.loaders.tgb.load_tgb_negatives` of
+            ``'val'`` and ``'test'``: each part keeps the rows of its own events
+            (``part_<r>/eval_negatives.pt``), so no rank reads the whole table.
 
     Returns:
         the written folder ``out/<name>/<algo>_<P>``.
@@ -145,6 +190,7 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
         raise ValueError("event ids must be 0..E-1 in stream order (a partition looks events "
                          "up by id), and this graph's are not (e.g. made by subgraph_events): "
                          "build a TemporalGraph from its src, dst, t (and edge_attr[eid]) first")
+    neg_info = _check_negatives(eval_negatives, graph) if eval_negatives else None
     dest = partition_dir(out, name, algo, num_parts)
     if dest.exists() and not force:
         raise FileExistsError(f"{dest} already exists; pass force=True (--force) to overwrite it")
@@ -186,6 +232,9 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
                 del obj
             save_tensors(part / "event_book.pt", {"owner": event_owner[r::P].clone(),
                                                   "row": event_row[r::P].clone()})
+            if eval_negatives:
+                save_tensors(part / "eval_negatives.pt",
+                             _negatives_of_part(eval_negatives, event_owner, r))
             bar.update(1)
         del event_row
         bar.set_postfix_str("manifest")
@@ -199,6 +248,8 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
             "event_owner": "source",
             "stats": stats,
         }
+        if neg_info:
+            meta["eval_negatives"] = neg_info
         write_manifest(tmp, meta)
         bar.update(1)
     bar.close()

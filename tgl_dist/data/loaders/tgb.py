@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from tgl_dist.data.loaders._common import DatasetNotFoundError, PathLike
+from tgl_dist.data.negatives import EventNegatives
 from tgl_dist.data.temporal import TemporalGraph
 from tgl_dist.errors import DataFormatError
 
@@ -516,40 +517,8 @@ def _graph(name, src, dst, t, feat, node_feat) -> TemporalGraph:
 
 
 # -------------------------------------------------------------------- negatives
-@dataclass
-class TGBNegatives:
-    """TGB's pre-generated negatives of one split, one row per event of the split.
-
-    Attributes:
-        split: ``'val'`` or ``'test'``.
-        eid: the split's events (``graph.eid[graph.masks[split]]``), in time order, ``[P]``.
-        dst: negative destinations of each event, ``[P, q]`` int64, TGB's (= tgl_dist's)
-            node ids; rows shorter than ``q`` (TGB returns a short pool whole) are padded
-            with ``-1``.
-    """
-
-    split: str
-    eid: Tensor
-    dst: Tensor
-
-    @property
-    def mask(self) -> Tensor:
-        """``[P, q]`` bool: the real (non-padding) negatives."""
-        return self.dst >= 0
-
-    @property
-    def num_neg(self) -> int:
-        """q, the row width."""
-        return int(self.dst.size(1))
-
-    def rows(self, eid: Tensor) -> Tensor:
-        """The negatives ``[B, q]`` of the events ``eid [B]`` (any order, e.g. one rank's
-        share of a step). Raises ``KeyError`` for an event outside the split."""
-        eid = torch.as_tensor(eid, dtype=torch.long).reshape(-1).contiguous()
-        pos = torch.searchsorted(self.eid, eid).clamp_(max=max(self.eid.numel() - 1, 0))
-        if self.eid.numel() == 0 or not bool((self.eid[pos] == eid).all()):
-            raise KeyError(f"some events are not in the {self.split} split's TGB negatives")
-        return self.dst[pos]
+#: TGB's lists of one split are :class:`~tgl_dist.data.negatives.EventNegatives` rows
+TGBNegatives = EventNegatives
 
 
 _NUMPY_GLOBALS = {
@@ -636,19 +605,8 @@ def tgb_negatives_for_events(name: str, split: str, src: Tensor, dst: Tensor, t:
 
     Returns / Raises: as :func:`load_tgb_negatives`.
     """
-    if split not in ("val", "test"):
-        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
     spec = tgb_spec(name)
-    if root is None:
-        from tgl_dist.data.registry import default_root
-        root = default_root()
-    base = Path(root).expanduser()
-    folder = next((f for f in (base / spec.folder, base / spec.name, base)
-                   if (f / spec.negatives(split)).is_file()), None)
-    if folder is None:
-        raise DatasetNotFoundError(f"TGB dataset '{spec.name}': no {spec.negatives(split)} under "
-                                   f"{base / spec.folder}: " + _where(spec, base))
-    path = folder / spec.negatives(split)
+    path = tgb_negatives_path(name, split, root)
     table = read_tgb_negatives_file(path)
     eid = torch.as_tensor(eid, dtype=torch.long).reshape(-1)
     keys = zip(torch.as_tensor(src).tolist(), torch.as_tensor(dst).tolist(),
@@ -679,9 +637,40 @@ def tgb_negatives_for_events(name: str, split: str, src: Tensor, dst: Tensor, t:
                       or vals.min() < 0 or vals.max() >= num_nodes):
         raise DataFormatError(path, f"negatives must be node ids in [0, {num_nodes}); "
                               f"found values in [{vals.min()}, {vals.max()}]")
-    return TGBNegatives(split, eid.clone(), torch.from_numpy(arr.astype(np.int64)))
+    return TGBNegatives(split, eid.clone(), torch.from_numpy(arr.astype(np.int64)),
+                        negatives_source(path))
+
+
+def tgb_negatives_path(name: str, split: str, root: Optional[PathLike] = None) -> Path:
+    """The file of TGB's pre-generated ``split`` negatives of dataset ``name``:
+    ``<root>/<folder>/<name>_<split>_ns[_v2].pkl`` (or under ``root/<name>``, ``root``).
+
+    Raises:
+        ValueError: ``split`` is not ``'val'`` or ``'test'``.
+        DatasetNotFoundError: absent (names the file, where to put it, TGB's URL).
+    """
+    if split not in ("val", "test"):
+        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+    spec = tgb_spec(name)
+    if root is None:
+        from tgl_dist.data.registry import default_root
+        root = default_root()
+    base = Path(root).expanduser()
+    folder = next((f for f in (base / spec.folder, base / spec.name, base)
+                   if (f / spec.negatives(split)).is_file()), None)
+    if folder is None:
+        raise DatasetNotFoundError(f"TGB dataset '{spec.name}': no {spec.negatives(split)} under "
+                                   f"{base / spec.folder}: " + _where(spec, base))
+    return folder / spec.negatives(split)
+
+
+def negatives_source(path: PathLike) -> Dict[str, object]:
+    """``{'file': name, 'bytes': size}`` of a negatives file: what a partition records to
+    notice, on the next run, that the file was replaced (another version of TGB's)."""
+    path = Path(path)
+    return {"file": path.name, "bytes": int(path.stat().st_size)}
 
 
 __all__ = ["TGB_DATASETS", "TGBSpec", "TGBNegatives", "tgb_spec", "tgb_folder", "load_tgb",
-           "load_tgb_negatives", "tgb_negatives_for_events", "read_tgb_negatives_file",
-           "tgb_split_masks"]
+           "load_tgb_negatives", "tgb_negatives_for_events", "tgb_negatives_path",
+           "negatives_source", "read_tgb_negatives_file", "tgb_split_masks"]
