@@ -198,6 +198,7 @@ def main() -> None:
     modes = (("base", "working_tree") if swaps else ("immediate", "deferred") if args.compare_deferred
              else ("at_end", "late") if args.compare_late else ("torch_threads", "one_thread"))
     waiting = None      # run_epoch's order on several ranks: the last step's optimizer step
+    deferred = None     # the mailbox's deferred_writes() block, open in every mode but 'immediate'
     sums = {m: dict.fromkeys(PHASES, 0.0) for m in modes}
     counts, faults = dict.fromkeys(sums, 0), dict.fromkeys(sums, 0)
     prof = None
@@ -213,9 +214,13 @@ def main() -> None:
         else:
             mode = ("one_thread" if args.compare_kernel_threads and (i // 10) % 2
                     else "torch_threads")
-        if mode == "immediate":               # run_epoch's loop runs deferred
-            mailbox.flush()
-        mailbox._defer = mode != "immediate"
+        if (mode != "immediate") != (deferred is not None):   # run_epoch's loop runs deferred
+            if deferred is None:
+                deferred = mailbox.deferred_writes()
+                deferred.__enter__()
+            else:                             # leaving the block sends a waiting write
+                deferred.__exit__(None, None, None)
+                deferred = None
         for k in kernels:
             k.threads = (lambda: 1) if mode == "one_thread" else own[id(k)]
         if i == args.warmup and args.profile and ctx.is_main:
@@ -251,6 +256,8 @@ def main() -> None:
             faults[mode] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             for p, d in zip(PHASES, (t1 - t0, t3 - t2, t4 - t3, t5 - t4, (t2 - t1) + (t6 - t5))):
                 sums[mode][p] += d
+    if deferred is not None:
+        deferred.__exit__(None, None, None)
     for k in kernels:
         k.threads = own[id(k)]
     for owner, name, _, new_value in swaps:

@@ -70,6 +70,8 @@ def test_torchrun_two_processes_jodie(tmp_path):
     assert 0.0 <= out["test_ap"] <= 1.0
 
 
+@pytest.mark.skipif(os.environ.get("TGL_DIST_NO_KERNEL") == "1",
+                    reason="TGL_DIST_NO_KERNEL=1: the command line's batch sizes, tested in the first run")
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_a_tgl_dist_config_local_batch_size_is_per_process(tmp_path):
@@ -92,6 +94,8 @@ def test_a_tgl_dist_config_local_batch_size_is_per_process(tmp_path):
     assert over["batch_size"] == 60
 
 
+@pytest.mark.skipif(os.environ.get("TGL_DIST_NO_KERNEL") == "1",
+                    reason="TGL_DIST_NO_KERNEL=1: refused before any model runs, tested in the first run")
 @pytest.mark.distributed
 def test_torchrun_batch_not_a_multiple_of_the_processes_is_refused(tmp_path):
     # before: 2 processes silently trained on 100-event windows for --batch-size 101 (and

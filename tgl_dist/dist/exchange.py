@@ -134,6 +134,16 @@ def all_to_all_v(x: Tensor, send_counts: Sequence[int], recv_counts: Sequence[in
     return _to(out, home)
 
 
+def _route(dest: Tensor, ws: int) -> Tuple[Tensor, Tensor]:
+    """``(perm, counts)``: the stable order that groups items by destination rank and the
+    ``[W]`` items per rank (``ValueError`` for a rank outside ``0..W-1``)."""
+    if dest.numel() and not (lambda mm: 0 <= int(mm[0]) and int(mm[1]) < ws)(torch.aminmax(dest)):
+        bad = dest[(dest < 0) | (dest >= ws)][0]
+        raise ValueError(f"destination rank {int(bad)} is outside the group's ranks "
+                         f"0..{ws - 1}")
+    return torch.sort(dest, stable=True).indices, torch.bincount(dest, minlength=ws)
+
+
 class Plan:
     """A routing plan for ids going to their owners (computed once, used for ids and payload).
 
@@ -145,12 +155,7 @@ class Plan:
     def __init__(self, dest: Tensor, group=None) -> None:
         _, ws = world(group)
         self.group = group
-        self.perm = torch.sort(dest, stable=True).indices
-        if dest.numel() and not (lambda mm: 0 <= int(mm[0]) and int(mm[1]) < ws)(torch.aminmax(dest)):
-            bad = dest[(dest < 0) | (dest >= ws)][0]
-            raise ValueError(f"destination rank {int(bad)} is outside the group's ranks "
-                             f"0..{ws - 1}")
-        counts = torch.bincount(dest, minlength=ws)
+        self.perm, counts = _route(dest, ws)
         recv = all_to_all_counts(counts, group)
         self.send_counts: List[int] = counts.tolist()
         self.recv_counts: List[int] = recv.tolist()
@@ -222,10 +227,9 @@ def push_then_fetch(push_owner: Tensor, push: Tensor, fetch_owner: Tensor, fetch
         return serve(fetch_local)
     home = push.device
     dev = comm_device(group)
-    p_perm = torch.sort(push_owner, stable=True).indices
-    f_perm = torch.sort(fetch_owner, stable=True).indices
-    counts = torch.stack([torch.bincount(push_owner, minlength=ws),
-                          torch.bincount(fetch_owner, minlength=ws)], 1)      # [W, 2]
+    p_perm, p_counts = _route(push_owner, ws)
+    f_perm, f_counts = _route(fetch_owner, ws)
+    counts = torch.stack([p_counts, f_counts], 1)                              # [W, 2]
     recv = all_to_all_counts(counts.reshape(-1), group).view(ws, 2)
     sc, rc = counts.tolist(), recv.tolist()
     ids = fetch_local.index_select(0, f_perm).contiguous().view(torch.float32).view(-1, 2)
