@@ -79,7 +79,6 @@ def _write_dataset(root: Path, events: int, nodes: int, q: int, seed: int) -> di
 
 
 def _rank(root: str, parts: str) -> dict:
-    import torch
     from tgl_dist import DistributedContext
     from tgl_dist.ctdg import run
     from tgl_dist.ctdg.tgb_protocol import TGBProtocol

@@ -1,5 +1,6 @@
 """Crash-safe files: atomic folder writes, fsync, SHA-256 checksums, readable-file checks.
 
+Manifests are read with :func:`read_json_object` (one message per way a JSON file breaks).
 Used by every writer of durable state (partitions, DTDG snapshot partitions, checkpoints)
 and by the loaders that read ``torch.save`` files. A folder is written into a temporary
 sibling ``.<name>.tmp-<pid>`` and renamed into place only when complete
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import json
 import logging
 import os
 import re
@@ -18,11 +20,27 @@ import shutil
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Dict, Iterator, Type
 
 import torch
 
 log = logging.getLogger(__name__)
+
+def read_json_object(path: Path, error: Type[Exception], what: str = "manifest") -> Dict:
+    """The JSON object in ``path``, or ``error`` naming the file and what is wrong: not
+    UTF-8 (the byte), not JSON (the line), not an object ("corrupt <what> (...)")."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: corrupt {what} (byte {e.start} is not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: corrupt {what} (not valid JSON, line {e.lineno}: {e.msg})") from None
+    if not isinstance(obj, dict):
+        raise error(f"{path}: corrupt {what} (expected a JSON object, found "
+                    f"{type(obj).__name__})")
+    return obj
+
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()

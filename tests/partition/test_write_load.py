@@ -223,7 +223,7 @@ def test_load_manifest_with_a_flipped_bit(written):
     data = bytearray(mpath.read_bytes())
     data[1] |= 0x80
     mpath.write_bytes(bytes(data))
-    with pytest.raises(PartitionError, match=r"manifest.json: not valid JSON \(byte 1 is not UTF-8"):
+    with pytest.raises(PartitionError, match=r"manifest.json: corrupt manifest \(byte 1 is not UTF-8"):
         partition_load(written.parent, "metis", rank=0, world_size=2)
 
 

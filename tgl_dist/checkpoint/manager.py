@@ -40,7 +40,8 @@ import torch
 from tgl_dist.dist.exchange import all_gather_object, broadcast_object, new_group, world
 from tgl_dist.dist.nodes import folder_writers, raise_everywhere, where
 from tgl_dist.errors import TGLDistError
-from tgl_dist.integrity import file_entry_ok, fsync_dir, sha256_file, unreadable_reason
+from tgl_dist.integrity import (file_entry_ok, fsync_dir, read_json_object, sha256_file,
+                                unreadable_reason)
 
 FORMAT_VERSION = 1
 _VDIR = re.compile(r"^v(\d{6})$")
@@ -380,14 +381,7 @@ class CheckpointManager:
         p = d / f"manifest_{rank}.json"
         if not p.is_file():
             raise CheckpointError(f"{p}: missing (checkpoint version not complete)")
-        try:
-            m = json.loads(p.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise CheckpointError(f"{p}: corrupt manifest (byte {e.start} is not UTF-8 text)") from None
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{p}: corrupt manifest (line {e.lineno}: {e.msg})") from None
-        if not isinstance(m, dict):
-            raise CheckpointError(f"{p}: corrupt manifest (expected a JSON object)")
+        m = read_json_object(p, CheckpointError)
         if m.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(f"{p}: format_version {m.get('format_version')} is not "
                                   f"supported (this tgl_dist reads {FORMAT_VERSION})")

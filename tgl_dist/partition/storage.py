@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from tgl_dist.errors import PartitionError
-from tgl_dist.integrity import _is_int, file_entry_ok, sha256_file
+from tgl_dist.integrity import _is_int, file_entry_ok, read_json_object, sha256_file
 
 # 2: events' owners and rows in per-part ranges (``part_<r>/event_book.pt``), not in one
 # table over all events in ``book.pt``
@@ -66,14 +66,7 @@ def read_manifest(folder: Path) -> Dict:
     if not path.is_file():
         raise PartitionError(f"{path} not found: {folder} is not a tgl_dist partition "
                              f"(write one with `python -m tgl_dist.partition`)")
-    try:
-        manifest = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise PartitionError(f"{path}: not valid JSON (byte {e.start} is not UTF-8 text)") from None
-    except json.JSONDecodeError as e:
-        raise PartitionError(f"{path}: not valid JSON (line {e.lineno}): {e.msg}") from None
-    if not isinstance(manifest, dict):
-        raise PartitionError(f"{path}: expected a JSON object, found {type(manifest).__name__}")
+    manifest = read_json_object(path, PartitionError)
     for key in ("format_version", "files", "num_parts"):
         if key not in manifest:
             raise PartitionError(f"{path}: missing key '{key}'")
