@@ -124,8 +124,9 @@ def ensure_partition(data: Union[str, Any], parts: Union[str, Path], algo: str =
                         log.info("%s holds no TGB negatives of %s; partitioning again with "
                                  "them", part, ", ".join(v["file"] for v in negs.values()))
                 log.info("partitioning %s into %d parts with %s", g.name, world_size, algo)
+                from tgl_dist.data.loaders.tgb import tgb_eval_negatives
                 partition_graph(g, world_size, algo, parts, force=True,
-                                eval_negatives=_read_tgb_negatives(g, root) if negs else None)
+                                eval_negatives=tgb_eval_negatives(g, root) if negs else None)
         except (TGLDistError, ValueError, OSError) as e:   # OSError: parts not writable
             err = f"{type(e).__name__}: {e}" if not isinstance(e, RunSetupError) else str(e)
     if world(None)[1] > 1:
@@ -150,13 +151,6 @@ def _holds_negatives(part: Path, sources: Dict[str, Dict]) -> bool:
     except TGLDistError:
         return False
     return all((have.get(s) or {}).get("source") == src for s, src in sources.items())
-
-
-def _read_tgb_negatives(g: Any, root: Optional[str]) -> Dict[str, Any]:
-    """TGB's val/test lists of every event of the splits of ``g`` (read once, on the rank
-    that partitions; each part keeps its own events' rows)."""
-    from tgl_dist.data.loaders.tgb import load_tgb_negatives
-    return {s: load_tgb_negatives(g.name, s, g, root) for s in ("val", "test")}
 
 
 def make_run_dir(out: Union[None, str, Path], data: str, model: str,

@@ -79,14 +79,14 @@ def _tgb_negatives(graph, root: Optional[str], quiet: bool) -> Optional[dict]:
     """TGB's val/test negatives of ``graph`` when it is a TGB dataset (``None`` for any
     other); a TGB dataset whose negatives files are absent is an error that names them
     (``--no-tgb-negatives`` partitions it without)."""
-    from tgl_dist.data.loaders.tgb import TGB_DATASETS, load_tgb_negatives
+    from tgl_dist.data.loaders.tgb import TGB_DATASETS, tgb_eval_negatives
     if graph.name not in TGB_DATASETS:
         return None
     if not quiet:
         print(f"reading TGB's validation and test negatives of {graph.name} ...",
               file=sys.stderr, flush=True)
     try:
-        return {s: load_tgb_negatives(graph.name, s, graph, root) for s in ("val", "test")}
+        return tgb_eval_negatives(graph, root)
     except FileNotFoundError as e:
         raise ValueError(f"{e} (or pass --no-tgb-negatives: the partition then serves "
                          f"--eval-protocol random only)") from None

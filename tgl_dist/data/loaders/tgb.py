@@ -641,6 +641,27 @@ def tgb_negatives_for_events(name: str, split: str, src: Tensor, dst: Tensor, t:
                         negatives_source(path))
 
 
+def tgb_eval_negatives(graph: TemporalGraph, root: Optional[PathLike] = None
+                       ) -> Dict[str, EventNegatives]:
+    """TGB's validation and test negatives of every event of those splits of ``graph`` (a
+    TGB dataset, ``graph.name`` its TGB name), one split read at a time, each kept as
+    int32 where the node ids fit: what a partition stores
+    (``partition_graph(..., eval_negatives=...)``).
+
+    Returns:
+        ``{'val': EventNegatives, 'test': EventNegatives}`` (``dst [S, q]``).
+
+    Raises: as :func:`load_tgb_negatives`.
+    """
+    out = {}
+    for split in ("val", "test"):
+        neg = load_tgb_negatives(graph.name, split, graph, root)
+        if graph.num_nodes < 2 ** 31:
+            neg.dst = neg.dst.to(torch.int32)
+        out[split] = neg
+    return out
+
+
 def tgb_negatives_path(name: str, split: str, root: Optional[PathLike] = None) -> Path:
     """The file of TGB's pre-generated ``split`` negatives of dataset ``name``:
     ``<root>/<folder>/<name>_<split>_ns[_v2].pkl`` (or under ``root/<name>``, ``root``).
@@ -672,5 +693,5 @@ def negatives_source(path: PathLike) -> Dict[str, object]:
 
 
 __all__ = ["TGB_DATASETS", "TGBSpec", "TGBNegatives", "tgb_spec", "tgb_folder", "load_tgb",
-           "load_tgb_negatives", "tgb_negatives_for_events", "tgb_negatives_path",
+           "load_tgb_negatives", "tgb_eval_negatives", "tgb_negatives_for_events", "tgb_negatives_path",
            "negatives_source", "read_tgb_negatives_file", "tgb_split_masks"]
