@@ -317,3 +317,38 @@ def test_load_refused_class_is_named_not_called_corrupt(written):
         sha256=sha256_file(f), bytes=f.stat().st_size))
     with pytest.raises(PartitionError, match="holds fractions.Fraction, which safe loading refuses"):
         partition_load(written.parent, "metis", rank=0, world_size=2)
+
+
+def test_eval_negatives_are_dealt_to_the_owners_of_their_events(toy_graph, tmp_path):
+    """``partition_graph(eval_negatives=...)``: each part keeps the rows of its own events
+    of the split (int32, ``-1`` padding kept); a table that does not fit the graph is
+    refused before anything is written."""
+    from tgl_dist.data.negatives import EventNegatives
+    g = toy_graph
+    eid = g.eid[g.masks["test"]]
+    dst = torch.stack([(eid * 7 + j) % g.num_nodes for j in range(3)], 1)
+    dst[::4, 2] = -1                                         # short lists, padded
+    tab = EventNegatives("test", eid, dst)
+    folder = partition_graph(g, 2, "hash", tmp_path, eval_negatives={"test": tab})
+    seen = []
+    for r in range(2):
+        p = partition_load(folder.parent, "hash", rank=r, world_size=2)
+        got = p.eval_negatives["test"]
+        assert set(p.eval_negatives) == {"test"} and got.dst.dtype == torch.int32
+        assert torch.equal(got.eid, p.eids[p.test_mask])
+        assert torch.equal(got.dst.long(), tab.rows(got.eid))
+        seen.append(got.eid)
+    assert torch.equal(torch.sort(torch.cat(seen)).values, eid)
+    assert json.loads((folder / "manifest.json").read_text())["eval_negatives"] == \
+        {"test": {"num_neg": 3, "events": int(eid.numel()), "source": None}}
+    plain = partition_load(partition_graph(g, 1, "hash", tmp_path).parent, "hash", rank=0,
+                           world_size=1)
+    assert plain.eval_negatives == {}
+    bad = {"rows": ({"test": EventNegatives("test", eid, dst[:-1])}, r"eid must be \[S\] and dst"),
+           "order": ({"test": EventNegatives("test", eid.flip(0), dst)}, "increasing event ids"),
+           "node": ({"test": EventNegatives("test", eid, dst + g.num_nodes)}, "node ids in"),
+           "split": ({"later": tab}, "unknown split 'later'")}
+    for name, (tables, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            partition_graph(g, 3, "hash", tmp_path / name, eval_negatives=tables)
+        assert not (tmp_path / name).exists()
