@@ -113,16 +113,14 @@ def _part_payload(graph: TemporalGraph, node_ids: Tensor, event_idx: Tensor,
                               "t": graph.t[touching], "eid": graph.eid[touching]}
 
 
-def _negatives_of_part(tables: Mapping[str, Any], event_owner: Tensor, r: int) -> Dict:
-    """``{split: {"eid", "dst"}}``: the rows of ``tables`` whose event part ``r`` owns
-    (``dst`` as int32 where node ids fit: half the bytes)."""
+def _negatives_of_part(tables: Mapping[str, Any], event_owner: Tensor, r: int,
+                       dtype: torch.dtype) -> Dict:
+    """``{split: {"eid", "dst"}}``: the rows of ``tables`` whose event part ``r`` owns,
+    ``dst`` as ``dtype`` (int32 where the node ids fit: half the bytes)."""
     out = {}
     for split, tab in tables.items():
         keep = event_owner[tab.eid] == r
-        dst = tab.dst[keep]
-        if dst.numel() == 0 or int(dst.max()) < 2 ** 31:
-            dst = dst.to(torch.int32)
-        out[split] = {"eid": tab.eid[keep].clone(), "dst": dst.contiguous()}
+        out[split] = {"eid": tab.eid[keep].clone(), "dst": tab.dst[keep].to(dtype).contiguous()}
     return out
 
 
@@ -191,6 +189,7 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
                          "up by id), and this graph's are not (e.g. made by subgraph_events): "
                          "build a TemporalGraph from its src, dst, t (and edge_attr[eid]) first")
     neg_info = _check_negatives(eval_negatives, graph) if eval_negatives else None
+    neg_dtype = torch.int32 if graph.num_nodes <= 2 ** 31 else torch.int64  # ids < num_nodes
     dest = partition_dir(out, name, algo, num_parts)
     if dest.exists() and not force:
         raise FileExistsError(f"{dest} already exists; pass force=True (--force) to overwrite it")
@@ -234,7 +233,7 @@ def partition_graph(graph: TemporalGraph, num_parts: int, algo: str, out: Union[
                                                   "row": event_row[r::P].clone()})
             if eval_negatives:
                 save_tensors(part / "eval_negatives.pt",
-                             _negatives_of_part(eval_negatives, event_owner, r))
+                             _negatives_of_part(eval_negatives, event_owner, r, neg_dtype))
             bar.update(1)
         del event_row
         bar.set_postfix_str("manifest")

@@ -656,7 +656,7 @@ def tgb_eval_negatives(graph: TemporalGraph, root: Optional[PathLike] = None
     out = {}
     for split in ("val", "test"):
         neg = load_tgb_negatives(graph.name, split, graph, root)
-        if graph.num_nodes < 2 ** 31:
+        if graph.num_nodes <= 2 ** 31:   # ids < num_nodes fit
             neg.dst = neg.dst.to(torch.int32)
         out[split] = neg
     return out
