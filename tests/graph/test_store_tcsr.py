@@ -54,7 +54,7 @@ def _rows(pdata, full, part):
     fr = torch.cat([torch.arange(int(full.indptr[n]), int(full.indptr[n + 1])) for n in nodes[own].tolist()])
     same = (torch.equal(part.nbr, full.nbr[fr]) and torch.equal(part.ts, full.ts[fr])
             and torch.equal(part.eid, full.eid[fr]))
-    shared = all(records(g).rec.data_ptr() == g.rec.data_ptr() and records(g).ts.data_ptr() == g.ts.data_ptr()
+    shared = all(records(g).rec.data_ptr() == g.rec.data_ptr() and g.ts.data_ptr() == g.rec.data_ptr() + 16
                  for g in (full, part))
     return dict(num_rows=part.num_rows, owned_rows=int(deg[own].sum()), other_rows=int(deg[~own].sum()),
                 full_rows=full.num_rows, same=same, shared=shared,

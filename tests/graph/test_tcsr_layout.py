@@ -33,7 +33,9 @@ def test_rows_order_and_twins(times, ids):
     got = list(zip(node.tolist(), tc.ts.tolist(), tc.eid.tolist(), tc.nbr.tolist()))
     assert got == _reference(ev, N)
     assert tc.num_rows == 2 * E and tc.rec.shape == (2 * E, 4)
-    assert torch.equal(tc.rec[:, 2], tc.ts.view(torch.long))
+    # the times are the records' third column read as float64: no second copy
+    assert tc.ts.dtype == torch.float64 and tc.ts.data_ptr() == tc.rec.data_ptr() + 16
+    assert tc.ts.stride() == (4,) and tc.nbytes() == 32 * 2 * E + 8 * (N + 1)
     # twin: the other row of the same event, whose node is this row's neighbour
     tw = tc.twin
     assert bool((tw >= 0).all()) and torch.equal(tw[tw], torch.arange(2 * E))
@@ -58,9 +60,9 @@ def test_kernel_records_share_the_tcsr_storage():
     tc = TemporalNeighborSampleGraph(ev, "full", num_nodes=N)
     before = tc.nbytes()
     r = records(tc)
-    assert r.rec.data_ptr() == tc.rec.data_ptr() and r.ts.data_ptr() == tc.ts.data_ptr()
+    assert r.rec.data_ptr() == tc.rec.data_ptr() and tc.ts.data_ptr() == tc.rec.data_ptr() + 16
     assert r.indptr.data_ptr() == tc.indptr.data_ptr()
     assert tc.nbr.data_ptr() == tc.rec.data_ptr() and tc.eid.data_ptr() == tc.rec[:, 1].data_ptr()
     assert r.nbytes() == 8 * N and tc.nbytes() == before
-    # the structure: 32-byte records and 8-byte times per row, plus indptr
-    assert before == 2 * E * (32 + 8) + 8 * (N + 1)
+    # the structure: 32-byte records per row (the times inside them), plus indptr
+    assert before == 2 * E * 32 + 8 * (N + 1)

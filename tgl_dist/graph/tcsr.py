@@ -9,31 +9,33 @@ listed under ``u`` with neighbour ``v`` and under ``v`` with neighbour ``u``) so
                      records (tgl_dist/sampling/_ckernel.py reads this very tensor, no copy)
     nbr    [R]       rec[:, 0], the other endpoint (global id)    } column views
     eid    [R]       rec[:, 1], the event id (global)             } of rec
+    ts     [R]       rec[:, 2] read as float64, the event time       } of rec
     twin   [R]       rec[:, 3], the row of the same event in the neighbour's list, -1 when
                      that list is not held here (a search hint of the kernel's next hop)
-    ts     [R]       event time (float64, contiguous: the kernel's binary searches)
     key    [R]       sorted search key of :meth:`before` (the torch path), built on its first
                      call: ``node * span + (t - t_min)`` (float64, exact) when times are
                      integers, else ``node * (U + 1) + rank of t among the U distinct
                      times`` (int64, plus the distinct times)
 
-Memory: 40 bytes a row (rec 32, ts 8) plus ``8 (N + 1)``, and 8 more a row once the torch
-path has built ``key``; the sampling kernel adds only its per-node hints (8 N). The build's
-transient peak above that is about 4 bytes a row (plus 8 an event when the events are not
-in time order): at 10^7 events, one process, 771 MiB held and +114 MiB at the peak (the
-old layout: 618 MiB, +2,000 MiB, and 630 MiB more of kernel records on first sampling).
+Memory: 32 bytes a row (rec; the kernel searches the times inside it) plus ``8 (N + 1)``,
+and 8 more a row once the torch path has built ``key``; the sampling kernel adds only its
+per-node hints (8 N). The build's transient peak above that is about 4 bytes a row (plus 8
+an event when the events are not in time order). (Until 2026-12 the times were also kept
+contiguous, 40 bytes a row: at 10^7 events, one process, 771 MiB held and +114 MiB at the
+peak; the layout before that: 618 MiB, +2,000 MiB, and 630 MiB more of kernel records on
+first sampling.)
 
 Two modes:
 
 * ``'full'``: every rank holds the structure of the WHOLE graph, built from all
   ranks' owned events gathered with :func:`tgl_dist.dist.all_gather_v`: R = 2E rows,
-  80 bytes an event (96 with the torch path's key), plus ``8 (N + 1)``: 12 MB for
-  Wikipedia (157 k events), 70 MB for facebook-wall (877 k), 80 GB for a 1 G-event
+  64 bytes an event (80 with the torch path's key), plus ``8 (N + 1)``: 10 MB for
+  Wikipedia (157 k events), 56 MB for facebook-wall (877 k), 64 GB for a 1 G-event
   graph. Sampling needs no communication.
 * ``'partitioned'``: a rank keeps only the rows of the nodes it owns (``pdata.sample_graph``
   holds every event with an owned endpoint, so those neighbourhoods are complete; the
   rows of its non-owned endpoints are dropped): R = the owned nodes' degrees summed, so
-  over the P ranks every row is held once, 80 / P bytes an event per rank on a balanced
+  over the P ranks every row is held once, 64 / P bytes an event per rank on a balanced
   partition. A non-owned node has zero rows here (``degree`` 0, ``before`` an empty
   range); the sampler never asks for one (it sends ``(node, query time)`` requests for
   every root to its owner by all-to-all and the owner answers). Sampling randomness is
@@ -56,10 +58,10 @@ MODES = ("full", "partitioned")
 _CHUNK = 1 << 18   # rows per gather of the build
 
 # Peak bytes per event of building and using a full T-CSR on one rank: the structure
-# (80 bytes an event, above), the torch path's key (16), the build's transient (measured
+# (64 bytes an event, above), the torch path's key (16), the build's transient (measured
 # +114 MiB at 10^7 events: 12, rounded up to 16) and, on P > 1 ranks, the gathered events
 # the build reads (src, dst, t, eid: 32).
-FULL_PEAK_BYTES_PER_EVENT = 80 + 16 + 16 + 32
+FULL_PEAK_BYTES_PER_EVENT = 64 + 16 + 16 + 32
 
 
 def available_memory() -> int:
@@ -257,7 +259,7 @@ class TemporalNeighborSampleGraph:
         rec[:, 3] = perm   # kept row of each row, until the twins replace it
         del perm
         # 4. every column gathered into place, a chunk of rows at a time
-        self.ts = torch.empty(R, dtype=torch.float64)
+        times = rec.view(torch.float64)[:, 2]   # the time column, as float64
         for c0 in range(0, R, _CHUNK):
             c1 = min(c0 + _CHUNK, R)
             q = rec[c0:c1, 3].clone()
@@ -270,9 +272,8 @@ class TemporalNeighborSampleGraph:
             nb -= node_s[c0:c1]      # the other endpoint: src + dst - node
             rec[c0:c1, 0] = nb
             rec[c0:c1, 1] = eid.index_select(0, e)
-            torch.index_select(t, 0, e, out=self.ts[c0:c1])
-        del node_s, evr, o_ev
-        rec[:, 2] = self.ts.view(torch.long)
+            times[c0:c1] = t.index_select(0, e)
+        del node_s, evr, o_ev, times
         # 5. twins: the row of the same event in the neighbour's list (-1: not held here)
         inv = torch.empty(R, dtype=itype)   # row of kept row q
         for c0 in range(0, R, _CHUNK):
@@ -325,6 +326,11 @@ class TemporalNeighborSampleGraph:
         return self.rec[:, 1]
 
     @property
+    def ts(self) -> Tensor:
+        """``[R]`` float64 the time of each row (a column view of :attr:`rec`, stride 4)."""
+        return self.rec.view(torch.float64)[:, 2]
+
+    @property
     def twin(self) -> Tensor:
         """``[R]`` the row of the same event in the neighbour's list, -1 where not held."""
         return self.rec[:, 3]
@@ -373,7 +379,7 @@ class TemporalNeighborSampleGraph:
     def nbytes(self) -> int:
         """Bytes held by the structure on this rank."""
         return sum(x.numel() * x.element_size()
-                   for x in (self.indptr, self.rec, self.ts, self.key, self.times)
+                   for x in (self.indptr, self.rec, self.key, self.times)
                    if x is not None)
 
     def __repr__(self) -> str:

@@ -20,6 +20,8 @@
  * Speed without changing any answer: searches start from hints (a row near the answer,
  * checked by galloping), sampled edges are read from one packed 32-byte record per
  * T-CSR row, and the rows of a chunk are chosen (and prefetched) before they are read.
+ * The searches read the times inside those records (no second, contiguous copy of the
+ * times: 8 bytes a row less), so a search's last probes load the lines the gathers read.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -44,8 +46,8 @@ static inline uint64_t mix64(uint64_t x) {
 }
 
 typedef struct {
-  /* graph: T-CSR row pointers and times, and per row {nbr, eid, time bits, twin} */
-  const int64_t *indptr; const double *ts; const int64_t *rec; int64_t num_nodes;
+  /* graph: T-CSR row pointers, and per row {nbr, eid, time bits, twin} */
+  const int64_t *indptr; const int64_t *rec; int64_t num_nodes;
   /* destinations (hint: a row of the node's list near the answer, or -1; may be NULL) */
   const int64_t *nodes; const double *q; const int64_t *hint; int64_t k; int uniform; uint64_t salt;
   int64_t *node_hint;  /* [num_nodes] (NULL only with hint): per node, a row near its last answer */
@@ -113,27 +115,34 @@ static void parallel(const job_t *job, int64_t n, int threads, int64_t grain,
   release(w);
 }
 
+/* The time of T-CSR row i: the double in the third slot of its record. */
+static inline double row_t(const int64_t *rec, int64_t i) {
+  double t;
+  memcpy(&t, rec + 4 * i + 2, 8);
+  return t;
+}
+
 /* First row in [lo, hi) with time >= q (hi if none). */
-static inline int64_t lower_bound(const double *ts, int64_t lo, int64_t hi, double q) {
+static inline int64_t lower_bound(const int64_t *rec, int64_t lo, int64_t hi, double q) {
   while (lo < hi) {
     const int64_t mid = lo + ((hi - lo) >> 1);
-    if (ts[mid] < q) lo = mid + 1; else hi = mid;
+    if (row_t(rec, mid) < q) lo = mid + 1; else hi = mid;
   }
   return lo;
 }
 
-/* The same answer as lower_bound(ts, s, e, q), searched outwards from a hint row h in
+/* The same answer as lower_bound(rec, s, e, q), searched outwards from a hint row h in
  * [s, e] (galloping): a few probes when the answer is near h. For a sampled neighbour
  * queried at the time of the event it was reached by, h is that event's row in the
  * neighbour's own list (its twin), so the answer is h or a few same-time rows before. */
-static inline int64_t lower_bound_from(const double *ts, int64_t s, int64_t e, double q, int64_t h) {
+static inline int64_t lower_bound_from(const int64_t *rec, int64_t s, int64_t e, double q, int64_t h) {
   int64_t lo, hi, step = 1;
-  if (h < e && ts[h] < q) {  /* answer in (h, e] */
+  if (h < e && row_t(rec, h) < q) {  /* answer in (h, e] */
     lo = h + 1;
     for (;;) {
       const int64_t p = lo + step - 1;
       if (p >= e) { hi = e; break; }
-      if (ts[p] >= q) { hi = p; break; }
+      if (row_t(rec, p) >= q) { hi = p; break; }
       lo = p + 1; step <<= 1;
     }
   } else {  /* answer in [s, h] */
@@ -141,11 +150,11 @@ static inline int64_t lower_bound_from(const double *ts, int64_t s, int64_t e, d
     for (;;) {
       const int64_t p = hi - step;
       if (p < s) { lo = s; break; }
-      if (ts[p] < q) { lo = p + 1; break; }
+      if (row_t(rec, p) < q) { lo = p + 1; break; }
       hi = p; step <<= 1;
     }
   }
-  return lower_bound(ts, lo, hi, q);
+  return lower_bound(rec, lo, hi, q);
 }
 
 static inline void count_one(const job_t *j, int64_t r, int64_t s, int64_t pos) {
@@ -159,16 +168,17 @@ static inline void count_one(const job_t *j, int64_t r, int64_t s, int64_t pos) 
  * then never NULL). */
 static void count_range(const job_t *j, int64_t b, int64_t e) {
   const int64_t *restrict indptr = j->indptr, *restrict nodes = j->nodes, *restrict hint = j->hint;
-  const double *restrict ts = j->ts, *restrict q = j->q;
+  const int64_t *restrict rec = j->rec;
+  const double *restrict q = j->q;
   if (hint) {
     for (int64_t r = b; r < e; ++r) {
       if (r + 8 < e) {  /* look ahead: the loads of a later destination overlap this one's */
         PREFETCH(indptr + nodes[r + 8]);
-        if (hint[r + 8] > 0) PREFETCH(ts + hint[r + 8] - 1);
+        if (hint[r + 8] > 0) PREFETCH(rec + 4 * (hint[r + 8] - 1) + 2);
       }
       const int64_t n = nodes[r], s = indptr[n], end = indptr[n + 1], h = hint[r];
-      count_one(j, r, s, h >= s && h <= end ? lower_bound_from(ts, s, end, q[r], h)
-                                            : lower_bound(ts, s, end, q[r]));
+      count_one(j, r, s, h >= s && h <= end ? lower_bound_from(rec, s, end, q[r], h)
+                                            : lower_bound(rec, s, end, q[r]));
     }
     return;
   }
@@ -178,12 +188,12 @@ static void count_range(const job_t *j, int64_t b, int64_t e) {
     if (r + 16 < e) { PREFETCH(indptr + nodes[r + 16]); PREFETCH(nh + nodes[r + 16]); }
     if (r + 8 < e) {  /* two-stage look-ahead: the hint row's time, once the hint is cached */
       const int64_t h8 = __atomic_load_n(&nh[nodes[r + 8]], __ATOMIC_RELAXED);
-      if (h8 >= 0) PREFETCH(ts + h8);
+      if (h8 >= 0) PREFETCH(rec + 4 * h8 + 2);
     }
     const int64_t n = nodes[r], s = indptr[n], end = indptr[n + 1];
     const int64_t h = __atomic_load_n(&nh[n], __ATOMIC_RELAXED);
-    const int64_t pos = h >= s && h <= end ? lower_bound_from(ts, s, end, q[r], h)
-                                           : lower_bound(ts, s, end, q[r]);
+    const int64_t pos = h >= s && h <= end ? lower_bound_from(rec, s, end, q[r], h)
+                                           : lower_bound(rec, s, end, q[r]);
     if (pos != h) __atomic_store_n(&nh[n], pos, __ATOMIC_RELAXED);
     count_one(j, r, s, pos);
   }
@@ -261,15 +271,16 @@ static void fill_range(const job_t *j, int64_t b, int64_t e) {
   if (pick != stack_pick) free(pick);
 }
 
-/* Pass 1. hint: [D] or NULL (search hints per destination); node_hint: [num_nodes], not NULL
+/* Pass 1. rec: [R, 4] rows {nbr, eid, time bits, twin row} (the times are searched);
+ * hint: [D] or NULL (search hints per destination); node_hint: [num_nodes], not NULL
  * when hint is NULL (read and updated: per node, its last answer); first, avail: [D]
  * scratch; off: [D + 1] (off[r] = first output index of r). Returns M = off[D]. */
-int64_t tgl_count(const int64_t *indptr, int64_t num_nodes, const double *ts, const int64_t *nodes,
+int64_t tgl_count(const int64_t *indptr, int64_t num_nodes, const int64_t *rec, const int64_t *nodes,
                   const double *q, const int64_t *hint, int64_t *node_hint, int64_t D, int64_t k,
                   int uniform, int64_t *first, int64_t *avail, int64_t *off, int threads) {
   job_t j;
   memset(&j, 0, sizeof j);
-  j.indptr = indptr; j.num_nodes = num_nodes; j.ts = ts; j.nodes = nodes; j.q = q; j.hint = hint;
+  j.indptr = indptr; j.num_nodes = num_nodes; j.rec = rec; j.nodes = nodes; j.q = q; j.hint = hint;
   j.node_hint = node_hint;
   j.k = k; j.uniform = uniform; j.first = first; j.avail = avail; j.off = off;
   if (indptr[num_nodes] == 0) {  /* no events at all */

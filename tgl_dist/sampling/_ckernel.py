@@ -31,14 +31,15 @@ log = logging.getLogger(__name__)
 class Records:
     """What the kernel reads from one T-CSR, built once per graph (see :func:`records`).
 
-    It holds no copy of the graph: ``indptr``, ``ts`` and ``rec`` ARE the T-CSR's own
+    It holds no copy of the graph: ``indptr`` and ``rec`` ARE the T-CSR's own
     tensors (:class:`tgl_dist.graph.TemporalNeighborSampleGraph` builds its rows in the
     kernel's layout), so the kernel adds only ``node_hint`` (8 bytes a node).
 
     Attributes:
-        indptr: ``[N + 1]``; ts: ``[R]`` float64 (contiguous: the kernel's binary searches).
+        indptr: ``[N + 1]``.
         rec: ``[R, 4]`` int64 rows ``{nbr, eid, time bits, twin}``: one 32-byte record
-            per T-CSR row, so a sampled edge costs one cache miss instead of three;
+            per T-CSR row, so a sampled edge costs one cache miss instead of three; the
+            binary searches read the times in place (``time bits`` is the float64);
             ``twin`` is the row of the same event in the neighbour's list (-1 if the
             neighbour's list is not held here): the next hop's binary search for that
             neighbour starts there.
@@ -49,14 +50,14 @@ class Records:
     """
 
     def __init__(self, g) -> None:
-        for name in ("indptr", "ts", "rec"):
+        for name in ("indptr", "rec"):
             x = getattr(g, name)
             if not x.is_contiguous():
                 raise ValueError(f"sampling kernel: the T-CSR's {name} must be contiguous")
         if g.rec.dim() != 2 or g.rec.size(1) != 4 or g.rec.dtype != torch.long:
             raise ValueError(f"sampling kernel: the T-CSR's rec must be [R, 4] int64, got "
                              f"{tuple(g.rec.shape)} {g.rec.dtype}")
-        self.indptr, self.ts, self.rec = g.indptr, g.ts, g.rec
+        self.indptr, self.rec = g.indptr, g.rec
         self.num_nodes = int(self.indptr.numel()) - 1
         self.node_hint = torch.full((self.num_nodes,), -1, dtype=torch.long)
 
@@ -100,7 +101,7 @@ class Kernel:
         D = nodes.numel()
         scratch = torch.empty(3 * D + 1, dtype=torch.long)
         first, avail, off = scratch[:D], scratch[D:2 * D], scratch[2 * D:]
-        M = self.lib.tgl_count(r.indptr.data_ptr(), r.num_nodes, r.ts.data_ptr(), nodes.data_ptr(),
+        M = self.lib.tgl_count(r.indptr.data_ptr(), r.num_nodes, r.rec.data_ptr(), nodes.data_ptr(),
                                ts.data_ptr(), None if hint is None else hint.data_ptr(),
                                r.node_hint.data_ptr() if hint is None else None, D, k, int(uniform),
                                first.data_ptr(), avail.data_ptr(), off.data_ptr(), threads)
