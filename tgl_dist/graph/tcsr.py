@@ -19,11 +19,12 @@ listed under ``u`` with neighbour ``v`` and under ``v`` with neighbour ``u``) so
 
 Memory: 32 bytes a row (rec; the kernel searches the times inside it) plus ``8 (N + 1)``,
 and 8 more a row once the torch path has built ``key``; the sampling kernel adds only its
-per-node hints (8 N). The build's transient peak above that is about 4 bytes a row (plus 8
-an event when the events are not in time order). (Until 2026-12 the times were also kept
-contiguous, 40 bytes a row: at 10^7 events, one process, 771 MiB held and +114 MiB at the
-peak; the layout before that: 618 MiB, +2,000 MiB, and 630 MiB more of kernel records on
-first sampling.)
+per-node hints (8 N). The build peaks at about 40 bytes a row, 8 above the structure
+(the sort's permutation and the sorted nodes beside the records; plus 8 an event when the
+events are not in time order): at 10^7 events, one process, 612 MiB held and 764 MiB at
+the peak. (Until 2026-12 the times were also kept contiguous: 40 bytes a row held, 765 MiB
+and 841 MiB at the peak at 10^7 events; the layout before that held 618 MiB, 2,618 MiB at
+the peak, and 630 MiB more of kernel records on first sampling.)
 
 Two modes:
 
@@ -58,9 +59,9 @@ MODES = ("full", "partitioned")
 _CHUNK = 1 << 18   # rows per gather of the build
 
 # Peak bytes per event of building and using a full T-CSR on one rank: the structure
-# (64 bytes an event, above), the torch path's key (16), the build's transient (measured
-# +114 MiB at 10^7 events: 12, rounded up to 16) and, on P > 1 ranks, the gathered events
-# the build reads (src, dst, t, eid: 32).
+# (64 bytes an event, above), the torch path's key (16), the build's transient (8 bytes
+# a row above the structure: 16; measured +152 MiB for 2 x 10^7 rows) and, on P > 1
+# ranks, the gathered events the build reads (src, dst, t, eid: 32).
 FULL_PEAK_BYTES_PER_EVENT = 64 + 16 + 16 + 32
 
 
@@ -207,10 +208,11 @@ class TemporalNeighborSampleGraph:
         """Rows sorted by ``(node, time, eid)``, written straight into the packed table.
 
         One stable sort of the rows' nodes (int32) over rows already in ``(time, eid)``
-        order; its permutation is parked in the table's twin column and every output is
-        gathered into place a chunk at a time, so the peak above the final structure (40
-        bytes a row) is about 4 bytes a row (the sorted nodes, then the inverse
-        permutation), plus 8 bytes an event when the events are not already in time order.
+        order; its permutation (int32 where it fits) is parked in the table's twin column
+        and every output is gathered into place a chunk at a time, so the peak above the
+        final structure (32 bytes a row) is about 8 bytes a row (the sorted nodes and the
+        permutation, then the inverse permutation), plus 8 bytes an event when the events
+        are not already in time order.
         """
         E = int(src.numel())
         # 1. events in (time, eid) order (skipped when they already are, the usual case)
@@ -253,6 +255,7 @@ class TemporalNeighborSampleGraph:
         # 3. one stable sort by node: (node, time, eid) order
         node_s, perm = torch.sort(node_r, stable=True)
         del node_r
+        perm = perm.to(itype)   # int32 where it fits: the records are allocated beside it
         self.indptr = torch.zeros(self.num_nodes + 1, dtype=torch.long)
         torch.cumsum(torch.bincount(node_s, minlength=self.num_nodes), 0, out=self.indptr[1:])
         rec = torch.empty(R, 4, dtype=torch.long)   # {nbr, eid, time bits, twin}
