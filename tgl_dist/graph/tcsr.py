@@ -9,9 +9,10 @@ listed under ``u`` with neighbour ``v`` and under ``v`` with neighbour ``u``) so
                      records (tgl_dist/sampling/_ckernel.py reads this very tensor, no copy)
     nbr    [R]       rec[:, 0], the other endpoint (global id)    } column views
     eid    [R]       rec[:, 1], the event id (global)             } of rec
-    ts     [R]       rec[:, 2] read as float64, the event time       } of rec
-    twin   [R]       rec[:, 3], the row of the same event in the neighbour's list, -1 when
-                     that list is not held here (a search hint of the kernel's next hop)
+    ts     [R]       rec[:, 2] read as float64, the event time    } (ts: stride 4)
+    twin   [R]       rec[:, 3], the row of the same event in the  }
+                     neighbour's list, -1 when that list is not held here (a search hint
+                     of the kernel's next hop)
     key    [R]       sorted search key of :meth:`before` (the torch path), built on its first
                      call: ``node * span + (t - t_min)`` (float64, exact) when times are
                      integers, else ``node * (U + 1) + rank of t among the U distinct

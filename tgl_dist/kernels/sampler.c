@@ -222,8 +222,7 @@ static inline __attribute__((always_inline)) void floyd(uint64_t base, int64_t a
 /* Edge m of destination r is T-CSR row ev: one 32-byte record read, every output written. */
 #define EMIT(m, ev, r) do {                                                   \
     const int64_t m_ = (m), *restrict x_ = rec + 4 * (ev);                   \
-    double t_;                                                                \
-    memcpy(&t_, &x_[2], 8);                                                   \
+    const double t_ = row_t(rec, (ev));                                       \
     o_nbr[m_] = x_[0]; o_eid[m_] = x_[1]; o_ts[m_] = t_;                      \
     if (o_dt) o_dt[m_] = (float)(q[r] - t_);                                  \
     if (o_hint) o_hint[m_] = x_[3];                                           \
